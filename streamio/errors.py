@@ -1,0 +1,162 @@
+"""The exceptions streamio raises.
+
+Every exception streamio raises on purpose derives from :class:`StreamioError`::
+
+    StreamioError
+     +-- FormatError            the bytes are wrong (attributes: source, offset, record_index)
+     |    +-- CorruptRecordError     a checksum, magic number or part sequence does not check out
+     |    +-- TruncatedStreamError   the stream ends inside a record (or an open CSV quote)
+     |    +-- RecordTooLargeError    a length field exceeds ``max_record_size`` (nothing allocated)
+     |    +-- DecodeError            a well-framed record does not decode (attribute: field)
+     +-- SourceError            reading the bytes failed (I/O, HTTP status, timeouts); ``__cause__``
+     |                          holds the original exception where there is one
+     +-- UsageError             the API was used in a way that cannot work (re-reading a consumed
+     |                          stream, for example)
+     +-- MissingDependencyError an optional dependency is not installed; the message says which
+                                ``pip install`` fixes it (also an ``ImportError``)
+
+``offset`` is the byte offset in the *decompressed* stream where the faulty record starts (or
+where the fault was detected, when no record start is known); ``record_index`` is the 0-based
+index of the faulty record among all records of that source, delivered or skipped. Either may be
+``None`` where the layer that raised cannot know it (a decoder sees records, not bytes).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = [
+    "CorruptRecordError",
+    "DecodeError",
+    "FormatError",
+    "MissingDependencyError",
+    "RecordTooLargeError",
+    "SourceError",
+    "StreamioError",
+    "StreamioWarning",
+    "TruncatedStreamError",
+    "UsageError",
+]
+
+
+class StreamioError(Exception):
+    """Root of every exception streamio raises on purpose."""
+
+
+class StreamioWarning(UserWarning):
+    """Issued for records skipped with ``on_error="warn"``."""
+
+
+class FormatError(StreamioError):
+    """The stream's bytes do not follow the format.
+
+    The message names the source, the byte offset and the record; the same facts are kept as
+    attributes so that code can act on them.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: Optional[str] = None,
+        offset: Optional[int] = None,
+        record_index: Optional[int] = None,
+    ) -> None:
+        self.reason = message
+        self.source = source
+        self.offset = offset
+        self.record_index = record_index
+        super().__init__(self._describe())
+
+    def _where(self) -> list[str]:
+        where = []
+        if self.source is not None:
+            where.append(f"source {self.source}")
+        if self.offset is not None:
+            where.append(f"byte offset {self.offset}")
+        if self.record_index is not None:
+            where.append(f"record {self.record_index}")
+        return where
+
+    def _describe(self) -> str:
+        where = self._where()
+        return f"{self.reason} ({', '.join(where)})" if where else self.reason
+
+    def __reduce__(self):  # keep attributes across pickling (DataLoader workers, prefetch)
+        return (_rebuild_format_error, (type(self), self.reason, self.__dict__.copy()))
+
+
+def _rebuild_format_error(cls, reason, state):
+    err = cls.__new__(cls)
+    Exception.__init__(err, reason)
+    err.__dict__.update(state)
+    err.args = (err._describe(),)
+    return err
+
+
+class CorruptRecordError(FormatError):
+    """A checksum, magic number or multi-part sequence does not check out."""
+
+
+class TruncatedStreamError(FormatError):
+    """The stream ended inside a record."""
+
+
+class RecordTooLargeError(FormatError):
+    """A record is larger than ``max_record_size``; raised before anything is allocated."""
+
+
+class DecodeError(FormatError):
+    """A well-framed record does not decode; ``field`` names the feature or column if known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: Optional[str] = None,
+        offset: Optional[int] = None,
+        record_index: Optional[int] = None,
+        field: Optional[str] = None,
+    ) -> None:
+        self.field = field
+        super().__init__(message, source=source, offset=offset, record_index=record_index)
+
+    def _where(self) -> list[str]:
+        where = super()._where()
+        if self.field is not None:
+            where.append(f"field {self.field!r}")
+        return where
+
+
+class SourceError(StreamioError):
+    """Reading from the source failed; ``source`` names it and ``__cause__`` holds the cause."""
+
+    def __init__(self, message: str, *, source: Optional[str] = None) -> None:
+        self.source = source
+        super().__init__(f"{message} (source {source})" if source is not None else message)
+
+
+class UsageError(StreamioError):
+    """The API was used in a way that cannot work, such as re-reading a consumed stream."""
+
+
+class MissingDependencyError(StreamioError, ImportError):
+    """An optional dependency is missing; the message names the ``pip install`` that fixes it."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(
+            f"{module} is required for this feature: pip install 'streamio[{extra}]'"
+            f" (or pip install {module})"
+        )
+
+
+def require(module: str, extra: str):
+    """Import an optional dependency or raise :class:`MissingDependencyError`."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(module, extra) from exc

@@ -1,0 +1,75 @@
+"""Sans-IO framers: bytes in, records out. Nothing here does I/O.
+
+``FORMATS`` maps a format name to a factory ``(options) -> framer``; registering a new format is
+one module plus one :func:`register_format` line.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._base import DEFAULT_MAX_RECORD_SIZE, ON_ERROR_CHOICES
+from .recordio import MULTIPART_CHOICES, RecordIOFramer, encode_recordio
+from .text import TextRowFramer
+from .tfrecord import TFRecordFramer, encode_tfrecord, masked_crc32c
+
+FramerFactory = Callable[..., Any]
+
+#: name -> (factory, names of the format options it accepts beyond the common ones)
+FORMATS: dict[str, tuple[FramerFactory, frozenset]] = {}
+
+
+def register_format(name: str, factory: FramerFactory, options: frozenset = frozenset()) -> None:
+    """Make ``format=name`` available to the readers; ``options`` lists accepted extra keywords."""
+    FORMATS[name] = (factory, frozenset(options))
+
+
+def _tfrecord(*, verify, on_error, max_record_size, source, multipart):
+    return TFRecordFramer(verify=verify, on_error=on_error, max_record_size=max_record_size,
+                          source=source)
+
+
+def _recordio(*, verify, on_error, max_record_size, source, multipart):
+    return RecordIOFramer(multipart=multipart, on_error=on_error,
+                          max_record_size=max_record_size, source=source)
+
+
+def _csv(*, verify, on_error, max_record_size, source, multipart, quotechar='"'):
+    return TextRowFramer(quotechar=quotechar, keep_blank=False, on_error=on_error,
+                         max_record_size=max_record_size, source=source)
+
+
+def _lines(*, verify, on_error, max_record_size, source, multipart):
+    return TextRowFramer(quotechar=None, keep_blank=True, on_error=on_error,
+                         max_record_size=max_record_size, source=source)
+
+
+register_format("tfrecord", _tfrecord)
+register_format("recordio", _recordio)
+register_format("csv", _csv, frozenset({"quotechar"}))
+register_format("lines", _lines)
+
+
+def make_framer(format: str, *, source: str, verify: bool = True, on_error: str = "raise",
+                max_record_size: int = DEFAULT_MAX_RECORD_SIZE, multipart: str = "dmlc",
+                **format_options):
+    """Build the framer for ``format``; unknown formats and options raise at once."""
+    try:
+        factory, accepted = FORMATS[format]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown format {format!r}; known formats: {sorted(FORMATS)}") from None
+    unknown = set(format_options) - accepted
+    if unknown:
+        raise TypeError(f"format {format!r} takes no option(s) {sorted(unknown)}"
+                        + (f"; it accepts {sorted(accepted)}" if accepted else ""))
+    if multipart not in MULTIPART_CHOICES:
+        raise ValueError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
+    return factory(verify=verify, on_error=on_error, max_record_size=max_record_size,
+                   source=source, multipart=multipart, **format_options)
+
+
+__all__ = [
+    "DEFAULT_MAX_RECORD_SIZE", "FORMATS", "ON_ERROR_CHOICES", "RecordIOFramer", "TFRecordFramer",
+    "TextRowFramer", "encode_recordio", "encode_tfrecord", "make_framer", "masked_crc32c",
+    "register_format",
+]

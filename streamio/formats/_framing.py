@@ -1,0 +1,259 @@
+"""The shared state machine of length-prefixed framers (TFRecord, RecordIO).
+
+A format supplies a *scan kernel*, a pure function that frames as many whole records as a buffer
+holds and stops at the first frame it cannot take whole (too short, or faulty), plus a few small
+hooks. This class keeps everything that must survive between chunks: the tail of a frame split
+across chunks, the resynchronisation state after corruption, and the bytes still to discard after
+an oversized record.
+
+Kernel statuses (also returned by the C accelerator, which implements the same kernels):
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import CorruptRecordError, FormatError, RecordTooLargeError, TruncatedStreamError
+from ._base import FramerBase
+
+OK = 0  # stopped because the next frame is not complete yet (or the buffer is exhausted)
+BAD_HEADER = 1  # the frame header does not check out (length CRC, magic number)
+BAD_DATA = 2  # the payload's checksum does not match; the header (so the frame size) is sound
+TOO_LARGE = 3  # the length field exceeds max_record_size
+SPECIAL = 4  # a frame the format handles itself (RecordIO multi-part); it is whole in the buffer
+
+
+def as_bytes_view(chunk) -> memoryview:
+    view = memoryview(chunk)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+class LengthPrefixedFramer(FramerBase):
+    """Base of framers whose records are ``header | payload | trailer`` with the length in the header."""
+
+    HEADER = 0  # bytes needed to know a frame's total size
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._tail = bytearray()  # bytes of a frame not yet complete; starts at self._consumed
+        self._consumed = 0  # stream offset of the first byte not yet framed
+        self._fed = 0
+        self._resync = False  # searching for the next sound header after corruption
+        self._discard = 0  # bytes of an oversized (but soundly framed) record still to drop
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _scan(self, buf, pos: int, end: int, out: list) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _frame_size(self, buf, pos: int) -> int:
+        """Total size of the frame whose sound header starts at ``buf[pos]``."""
+        raise NotImplementedError
+
+    def _header_is_sound(self, buf, pos: int, base: int) -> bool:
+        """Whether ``buf[pos:pos+HEADER]`` is a plausible frame start (used to resynchronise)."""
+        raise NotImplementedError
+
+    def _header_fault(self, buf, pos: int, offset: int) -> FormatError:
+        raise NotImplementedError
+
+    def _data_fault(self, buf, pos: int, offset: int) -> FormatError:
+        raise NotImplementedError
+
+    def _length_is_trusted(self, buf, pos: int) -> bool:
+        return False
+
+    def _special(self, buf, pos: int, end: int, base: int, out: list) -> Optional[int]:
+        raise NotImplementedError
+
+    # -- public -------------------------------------------------------------------------------
+    @property
+    def offset(self) -> int:
+        """Bytes fed so far (the stream offset the next chunk starts at)."""
+        return self._fed
+
+    def feed(self, chunk) -> list[bytes]:
+        self._raise_pending()
+        view = as_bytes_view(chunk)
+        self._fed += len(view)
+        out: list[bytes] = []
+        self._feed(view, out)
+        return out
+
+    def finish(self) -> list[bytes]:
+        self._raise_pending()
+        out: list[bytes] = []
+        if self._discard:
+            err = TruncatedStreamError(
+                f"stream ends {self._discard} bytes before the end of an oversized record",
+                source=self.source, offset=self._fed, record_index=self.record_index - 1)
+            self._discard = 0
+            self._end_fault(err, 0)
+        elif self._resync:
+            self.skipped_bytes += len(self._tail)
+            self._tail = bytearray()
+        elif self._tail:
+            err = self._truncated(len(self._tail))
+            self._end_fault(err, len(self._tail))
+        self._finish_extra(out)
+        return out
+
+    def _truncated(self, held: int) -> TruncatedStreamError:
+        return self._fault(
+            TruncatedStreamError,
+            f"stream ends inside a record ({held} bytes of an unfinished frame)",
+            self._consumed)
+
+    def _end_fault(self, err: FormatError, nbytes: int) -> None:
+        self._tail = bytearray()
+        if self.on_error == "raise":
+            self._error = err
+            raise err
+        self._skip(err, nbytes)
+
+    def _finish_extra(self, out: list) -> None:
+        """Format-specific checks at end of stream (RecordIO: an unfinished multi-part record)."""
+
+    # -- the state machine ----------------------------------------------------------------------
+    def _discard_from(self, view, pos: int) -> Optional[int]:
+        if not self._discard:
+            return pos
+        take = min(self._discard, len(view) - pos)
+        self._discard -= take
+        self._consumed += take
+        return None if self._discard else pos + take
+
+    def _fill_tail(self, view, pos: int) -> Optional[int]:
+        """Move bytes from ``view`` into the tail until it holds one whole frame (or a bad header)."""
+        tail, n = self._tail, len(view)
+        if len(tail) < self.HEADER:
+            take = min(self.HEADER - len(tail), n - pos)
+            tail += view[pos:pos + take]
+            pos += take
+            if len(tail) < self.HEADER:
+                return None
+        need = self._needed(tail)
+        if need > len(tail):
+            take = min(need - len(tail), n - pos)
+            tail += view[pos:pos + take]
+            pos += take
+            if len(tail) < need:
+                return None
+        return pos
+
+    def _needed(self, tail) -> int:
+        """Bytes the tail must hold before it is framed: a whole frame if the header is sound."""
+        probe: list = []
+        pos, status = self._scan(tail, 0, self.HEADER, probe)
+        if status == OK or status == SPECIAL or status == BAD_DATA:
+            return self._frame_size(tail, 0)
+        return self.HEADER  # a faulty header is handled as soon as it is whole
+
+    def _feed(self, view, out: list) -> None:
+        pos = self._discard_from(view, 0)
+        if pos is None:
+            return
+        if self._tail and not self._resync:
+            pos = self._fill_tail(view, pos)
+            if pos is None:
+                return
+            frame = memoryview(bytes(self._tail))
+            self._tail = bytearray()
+            self._run(frame, 0, out)
+            if self._error is not None:
+                return
+            pos = self._discard_from(view, pos)
+            if pos is None:
+                return
+        if self._tail:  # a resynchronisation carried over from the previous chunk: rare, so copy
+            view = memoryview(bytes(self._tail) + bytes(view[pos:]))
+            self._tail = bytearray()
+            pos = 0
+        self._run(view, pos, out)
+
+    def _run(self, buf, pos: int, out: list) -> None:
+        """Frame ``buf[pos:]``; ``buf[pos]`` is at stream offset ``self._consumed``."""
+        end = len(buf)
+        base = self._consumed - pos
+        while True:
+            if self._resync:
+                sync = self._find_sync(buf, pos, end, base)
+                if sync is None:
+                    keep = max(pos, end - (self.HEADER - 1))
+                    self.skipped_bytes += keep - pos
+                    self._tail = bytearray(buf[keep:])
+                    self._consumed = base + keep
+                    return
+                self.skipped_bytes += sync - pos
+                pos = sync
+                self._resync = False
+            before = len(out)
+            pos, status = self._scan(buf, pos, end, out)
+            self.records += len(out) - before
+            self._consumed = base + pos
+            if status == OK:
+                if pos < end:
+                    self._tail = bytearray(buf[pos:])
+                return
+            pos = self._on_fault(status, buf, pos, end, base, out)
+            if pos is None:
+                return
+            self._consumed = base + pos
+
+    def _find_sync(self, buf, pos: int, end: int, base: int) -> Optional[int]:
+        for q in range(pos, end - self.HEADER + 1):
+            if self._header_is_sound(buf, q, base):
+                return q
+        return None
+
+    def _on_fault(self, status: int, buf, pos: int, end: int, base: int, out: list) -> Optional[int]:
+        offset = base + pos
+        if status == SPECIAL:
+            return self._special(buf, pos, end, base, out)
+        if status == BAD_DATA:
+            err = self._data_fault(buf, pos, offset)
+            if self._stop(err):
+                return None
+            size = self._frame_size(buf, pos)
+            self._skip(err, size)
+            return pos + size
+        if status == TOO_LARGE:
+            err = self._too_large(buf, pos, offset)
+            if self._stop(err):
+                return None
+            if self._length_is_trusted(buf, pos):
+                # The header checks out, so the frame boundary is known: drop the record's bytes
+                # as they stream past instead of buffering them.
+                size = self._frame_size(buf, pos)
+                self._skip(err, size)
+                avail = end - pos
+                if size <= avail:
+                    return pos + size
+                self._discard = size - avail
+                self._consumed = base + end
+                return None
+        else:
+            err = self._header_fault(buf, pos, offset)
+            if self._stop(err):
+                return None
+        self._skip(err, 0)  # the bytes are counted as the resynchronisation drops them
+        self._resync = True
+        return pos + 1
+
+    def _too_large(self, buf, pos: int, offset: int) -> RecordTooLargeError:
+        raise NotImplementedError
+
+    def _stop(self, err: FormatError) -> bool:
+        """Under on_error="raise", park the fault (raised by the next call) and stop framing."""
+        if self.on_error != "raise":
+            return False
+        self._error = err
+        self._tail = bytearray()
+        return True
+
+
+__all__ = [
+    "BAD_DATA", "BAD_HEADER", "CorruptRecordError", "LengthPrefixedFramer", "OK", "SPECIAL",
+    "TOO_LARGE", "as_bytes_view",
+]
