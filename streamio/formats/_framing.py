@@ -237,7 +237,7 @@ class LengthPrefixedFramer(FramerBase):
             err = self._header_fault(buf, pos, offset)
             if self._stop(err):
                 return None
-        self._skip(err, 0)  # the bytes are counted as the resynchronisation drops them
+        self._skip(err, 1)  # this byte; the rest are counted as the resynchronisation drops them
         self._resync = True
         return pos + 1
 

@@ -1,0 +1,285 @@
+"""The framers alone (sans-IO): chunking invariance, garbage in -> our errors out, recovery."""
+
+from __future__ import annotations
+
+import os
+import struct
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamio.errors import (CorruptRecordError, FormatError, RecordTooLargeError, StreamioWarning,
+                             TruncatedStreamError)
+from streamio.formats import encode_recordio, encode_tfrecord, make_framer
+from streamio.formats.recordio import MAGIC_BYTES
+
+payload = st.binary(max_size=300)
+payload_lists = st.lists(payload, max_size=20)
+# payloads that embed the RecordIO magic number at aligned and unaligned offsets
+magic_payload = st.lists(st.sampled_from([b"", b"a", b"abcd", MAGIC_BYTES, b"xy" + MAGIC_BYTES]),
+                         max_size=8).map(b"".join)
+
+
+def frame_all(fmt, data, cuts=(), **options):
+    framer = make_framer(fmt, source="test", **options)
+    out, pos = [], 0
+    for cut in sorted(set(cuts)) + [len(data)]:
+        out += framer.feed(data[pos:cut])
+        pos = cut
+    out += framer.finish()
+    return out, framer
+
+
+def encode(fmt, records):
+    enc = encode_tfrecord if fmt == "tfrecord" else encode_recordio
+    return b"".join(enc(r) for r in records)
+
+
+def cuts_for(data):
+    return st.lists(st.integers(0, max(0, len(data))), max_size=12)
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=payload_lists, data=st.data())
+def test_any_chunking_gives_the_written_records(fmt, records, data):
+    stream = encode(fmt, records)
+    cuts = data.draw(cuts_for(stream))
+    out, framer = frame_all(fmt, stream, cuts)
+    assert out == records
+    assert all(type(r) is bytes for r in out)
+    assert framer.records == len(records)
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+def test_one_byte_at_a_time(fmt):
+    records = [os.urandom(n) for n in (0, 1, 3, 4, 5, 100, 1000)] + [b"ab" + MAGIC_BYTES * 3]
+    stream = encode(fmt, records)
+    out, _ = frame_all(fmt, stream, range(len(stream)))
+    assert out == records
+
+
+@settings(deadline=None)
+@given(records=st.lists(magic_payload, max_size=10), data=st.data())
+def test_recordio_payloads_with_magic_round_trip_dmlc(records, data):
+    stream = encode("recordio", records)
+    out, _ = frame_all("recordio", stream, data.draw(cuts_for(stream)))
+    assert out == records
+
+
+def test_recordio_writer_splits_at_aligned_magic_only():
+    payload_ = b"abcd" + MAGIC_BYTES + b"ef" + MAGIC_BYTES + b"gh"  # aligned at 4, not at 10
+    stream = encode_recordio(payload_)
+    cflags = []
+    pos = 0
+    while pos < len(stream):
+        magic, lrec = struct.unpack_from("<II", stream, pos)
+        cflags.append(lrec >> 29)
+        n = lrec & ((1 << 29) - 1)
+        pos += 8 + n + (-n & 3)
+    assert cflags == [1, 3]
+    assert frame_all("recordio", stream)[0] == [payload_]
+    # concat semantics would not restore the dropped magic: the payload differs
+    assert frame_all("recordio", stream, multipart="concat")[0] != [payload_]
+
+
+csv_field = st.one_of(
+    st.text(alphabet="abc 1.5-", max_size=6),
+    st.text(alphabet='ab,"\n\r x', max_size=6).map(lambda s: '"' + s.replace('"', '""') + '"'),
+)
+csv_row = st.lists(csv_field, min_size=1, max_size=4).map(",".join).filter(lambda r: r != "")
+
+
+@settings(deadline=None)
+@given(rows=st.lists(csv_row, max_size=12), crlf=st.booleans(), trailing=st.booleans(),
+       data=st.data())
+def test_csv_rows_survive_any_chunking(rows, crlf, trailing, data):
+    eol = "\r\n" if crlf else "\n"
+    text = eol.join(rows) + (eol if trailing and rows else "")
+    stream = text.encode()
+    out, _ = frame_all("csv", stream, data.draw(cuts_for(stream)))
+    assert out == [r.encode() for r in rows]
+
+
+@settings(deadline=None)
+@given(lines=st.lists(st.text(alphabet='ab "\r', max_size=5).filter(lambda s: not s.endswith("\r")),
+                      max_size=10), data=st.data())
+def test_lines_keep_blank_lines_and_last_line_without_newline(lines, data):
+    stream = "\n".join(lines).encode()
+    out, _ = frame_all("lines", stream, data.draw(cuts_for(stream)))
+    expected = [s.encode() for s in lines]
+    if expected and expected[-1] == b"":
+        expected.pop()  # the stream ends with a newline (or is empty): no last partial line
+    assert out == expected
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio", "csv", "lines"])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(garbage=st.binary(max_size=400), data=st.data())
+def test_garbage_gives_records_or_format_error(fmt, garbage, data):
+    framer = make_framer(fmt, source="junk", max_record_size=1 << 16)
+    cuts = sorted(data.draw(cuts_for(garbage)))
+    pos = 0
+    try:
+        for cut in cuts + [len(garbage)]:
+            assert all(type(r) is bytes for r in framer.feed(garbage[pos:cut]))
+            pos = cut
+        framer.finish()
+    except FormatError as err:
+        assert err.source == "junk" and err.offset is not None and err.record_index is not None
+        assert 0 <= err.offset <= len(garbage)
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=st.lists(st.binary(min_size=1, max_size=60), min_size=1, max_size=8),
+       flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), min_size=1,
+                      max_size=3),
+       data=st.data())
+def test_mutated_streams_deliver_a_prefix_then_raise_the_same_error_at_any_chunking(
+        fmt, records, flips, data):
+    stream = bytearray(encode(fmt, records))
+    for where, xor in flips:
+        stream[where % len(stream)] ^= xor
+    stream = bytes(stream)
+    whole = _outcome(fmt, stream, [])
+    chunked = _outcome(fmt, stream, data.draw(cuts_for(stream)))
+    assert whole == chunked  # same records, same error class, offset and record index
+    good, err = whole
+    assert good == records[:len(good)] or fmt == "recordio" or err is None
+
+
+def _outcome(fmt, stream, cuts):
+    framer = make_framer(fmt, source="m")
+    out, pos = [], 0
+    try:
+        for cut in sorted(set(cuts)) + [len(stream)]:
+            out += framer.feed(stream[pos:cut])
+            pos = cut
+        out += framer.finish()
+    except FormatError as err:
+        return out, (type(err), err.offset, err.record_index)
+    return out, None
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio", "csv", "lines"])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(garbage=st.binary(max_size=300), data=st.data())
+def test_skip_mode_never_raises_on_garbage_and_counts_what_it_drops(fmt, garbage, data):
+    out, framer = frame_all(fmt, garbage, data.draw(cuts_for(garbage)), on_error="skip",
+                            max_record_size=1 << 12)
+    assert framer.skipped_bytes <= len(garbage)
+    assert sum(map(len, out)) <= len(garbage)
+
+
+def test_tfrecord_bad_data_crc_raises_after_delivering_earlier_records():
+    records = [b"one", b"two", b"three"]
+    stream = bytearray(encode("tfrecord", records))
+    second = len(encode_tfrecord(b"one"))
+    stream[second + 12] ^= 1  # first payload byte of record 1
+    framer = make_framer("tfrecord", source="s")
+    assert framer.feed(bytes(stream)) == [b"one"]
+    with pytest.raises(CorruptRecordError) as info:
+        framer.finish()
+    assert (info.value.offset, info.value.record_index, info.value.source) == (second, 1, "s")
+    assert "data CRC" in str(info.value) and "byte offset 19" in str(info.value)
+    with pytest.raises(CorruptRecordError):  # asked again, the same answer
+        framer.feed(b"")
+
+
+def test_tfrecord_skip_after_bad_data_crc_loses_only_that_record():
+    records = [b"one", b"two", b"three"]
+    stream = bytearray(encode("tfrecord", records))
+    stream[len(encode_tfrecord(b"one")) + 12] ^= 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out, framer = frame_all("tfrecord", bytes(stream), on_error="warn")
+    assert out == [b"one", b"three"]
+    assert (framer.skipped_records, framer.skipped_bytes) == (1, len(encode_tfrecord(b"two")))
+    assert any(issubclass(w.category, StreamioWarning) for w in caught)
+
+
+def test_tfrecord_resynchronises_after_a_bad_length():
+    records = [os.urandom(50) for _ in range(5)]
+    stream = bytearray(encode("tfrecord", records))
+    frame = len(encode_tfrecord(records[0]))
+    stream[2 * frame + 3] ^= 0x40  # corrupt record 2's length field
+    for cuts in ([], list(range(0, len(stream), 7))):
+        out, framer = frame_all("tfrecord", bytes(stream), cuts, on_error="skip")
+        assert out == records[:2] + records[3:]
+        assert framer.skipped_records == 1 and framer.skipped_bytes == frame
+
+
+def test_recordio_resynchronises_on_the_next_aligned_magic():
+    records = [os.urandom(37) for _ in range(5)]
+    stream = bytearray(encode("recordio", records))
+    frame = len(encode_recordio(records[0]))
+    stream[frame + 1] ^= 0xFF  # break record 1's magic
+    out, framer = frame_all("recordio", bytes(stream), list(range(0, len(stream), 5)),
+                            on_error="skip")
+    assert out == records[:1] + records[2:]
+    assert framer.skipped_records == 1 and framer.skipped_bytes == frame
+
+
+def test_huge_length_fails_at_once_without_allocating():
+    header = struct.pack("<Q", 1 << 40)
+    from streamio.formats.tfrecord import masked_crc32c
+    stream = header + struct.pack("<I", masked_crc32c(header))
+    framer = make_framer("tfrecord", source="big")
+    assert framer.feed(stream) == []
+    with pytest.raises(RecordTooLargeError) as info:
+        framer.finish()
+    assert info.value.offset == 0 and "1099511627776" in str(info.value)
+
+
+def test_oversized_record_is_streamed_past_in_skip_mode():
+    big, small = os.urandom(5000), b"after"
+    stream = encode("tfrecord", [b"before", big, small])
+    out, framer = frame_all("tfrecord", stream, list(range(0, len(stream), 1000)),
+                            on_error="skip", max_record_size=1000)
+    assert out == [b"before", small]
+    assert framer.skipped_records == 1 and framer.skipped_bytes == len(encode_tfrecord(big))
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+def test_truncated_stream_names_the_record_it_cut(fmt):
+    stream = encode(fmt, [b"a" * 10, b"b" * 10])
+    cut = stream[:-3]
+    framer = make_framer(fmt, source="t")
+    assert framer.feed(cut) == [b"a" * 10]
+    with pytest.raises(TruncatedStreamError) as info:
+        framer.finish()
+    assert info.value.record_index == 1 and info.value.offset == len(stream) // 2
+
+
+def test_csv_open_quote_at_end_is_truncation():
+    framer = make_framer("csv", source="c")
+    assert framer.feed(b'a,b\n1,"unterminated\n2,3\n') == [b"a,b"]
+    with pytest.raises(TruncatedStreamError) as info:
+        framer.finish()
+    assert info.value.offset == 4 and info.value.record_index == 1
+
+
+def test_csv_row_over_the_limit_is_refused_before_it_is_buffered():
+    framer = make_framer("csv", source="c", max_record_size=100)
+    out = framer.feed(b"ok\n")
+    assert out == [b"ok"]
+    framer.feed(b"x" * 60)
+    framer.feed(b"x" * 60)
+    with pytest.raises(RecordTooLargeError):
+        framer.feed(b"\n")
+
+
+def test_csv_quotechar_option_and_unknown_options():
+    out, _ = frame_all("csv", b"'a\nb',1\nc,2\n", quotechar="'")
+    assert out == [b"'a\nb',1", b"c,2"]
+    with pytest.raises(TypeError, match="quotechar"):
+        make_framer("tfrecord", source="x", quotechar="'")
+    with pytest.raises(ValueError, match="unknown format"):
+        make_framer("parquet", source="x")
+    with pytest.raises(ValueError):
+        make_framer("recordio", source="x", multipart="weird")
+    with pytest.raises(ValueError):
+        make_framer("tfrecord", source="x", on_error="ignore")
