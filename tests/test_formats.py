@@ -283,3 +283,15 @@ def test_csv_quotechar_option_and_unknown_options():
         make_framer("recordio", source="x", multipart="weird")
     with pytest.raises(ValueError):
         make_framer("tfrecord", source="x", on_error="ignore")
+
+
+@pytest.mark.parametrize("cflag", [4, 5, 6, 7])
+def test_recordio_invalid_cflag_is_a_corrupt_header(cflag):
+    stream = encode("recordio", [b"good"]) + struct.pack("<II", 0xCED7230A, cflag << 29 | 4) + b"abcd"
+    framer = make_framer("recordio", source="c")
+    assert framer.feed(stream) == [b"good"]
+    with pytest.raises(CorruptRecordError, match=f"invalid cflag {cflag}") as info:
+        framer.finish()
+    assert info.value.offset == 12 and info.value.record_index == 1
+    stream += encode("recordio", [b"next"])
+    assert frame_all("recordio", stream, on_error="skip")[0] == [b"good", b"next"]

@@ -180,6 +180,16 @@ class RecordIOFramer(LengthPrefixedFramer):
         self._frames += 1
         part = bytes(buf[pos + HEADER_SIZE:pos + HEADER_SIZE + length])
         offset = base + pos
+        if cflag > 3:  # three bits, but only 0..3 mean anything: a corrupt header
+            self._frames -= 1
+            err = self._fault(CorruptRecordError,
+                              f"RecordIO part #{self._frames + 1}: invalid cflag {cflag}", offset)
+            self._drop_parts()
+            if self._stop(err):
+                return None
+            self._skip(err, 1)
+            self._resync = True
+            return pos + 1
         names = {0: "a whole record (cflag 0)", 1: "a first part (cflag 1)",
                  2: "a middle part (cflag 2)", 3: "a last part (cflag 3)"}
         if self._parts is None:
