@@ -20,6 +20,13 @@ COMPRESSION_CHOICES = ("infer", "none", "gzip", "zlib")
 SERVE_CHUNK = 1024 * 1024
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
+
+
 def _compression(value: str) -> Optional[str]:
     return None if value == "none" else value
 
@@ -141,7 +148,8 @@ def cmd_serve_pipe(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
-    run_demo(framework=args.framework, epochs=args.epochs)
+    run_demo(framework=args.framework, epochs=args.epochs, workdir=args.workdir,
+             records=args.records, batch_size=args.batch_size, device=args.device, seed=args.seed)
     return 0
 
 
@@ -181,7 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve_pipe)
     p = sub.add_parser("demo", help="train a tiny model from a Pipe mode FIFO on bundled data")
     p.add_argument("--framework", default="torch", choices=("torch", "tf"))
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--epochs", type=_positive, default=2)
+    p.add_argument("--records", type=_positive, default=4096, help="synthetic records to write")
+    p.add_argument("--batch-size", type=_positive, default=64)
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    p.add_argument("--workdir", default=None,
+                   help="keep the data and FIFOs here (default: a temporary dir, removed)")
+    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("bench", help="benchmark streamio against its peers (see --help)",
                        add_help=False)

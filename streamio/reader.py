@@ -6,6 +6,7 @@ records. Everything below this module is pure (codecs, formats); everything abov
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ from typing import Any, Iterable, Iterator, Optional
 from .codecs import check_compression, infer_compression, make_codec
 from .errors import SourceError, UsageError
 from .formats import DEFAULT_MAX_RECORD_SIZE, encode_recordio, encode_tfrecord, make_framer
+from .formats.recordio import MULTIPART_CHOICES
 from .formats._base import check_common
 from .sources import ByteSource, PipeChannel, check_source, open_source, source_name
 from .sources.base import check_timeout
@@ -220,17 +222,22 @@ _ENCODERS = {"tfrecord": encode_tfrecord, "recordio": encode_recordio}
 
 
 def write_records(dest: Any, format: str, records: Iterable[bytes], *,
-                  compression: Optional[str] = None) -> None:
+                  compression: Optional[str] = None, multipart: str = "dmlc") -> None:
     """Write ``records`` to ``dest`` (a path, a FIFO, ``"-"`` or a binary file object).
 
     ``format``: ``"tfrecord"`` (readable by TensorFlow, with both CRCs) or ``"recordio"`` (the
     dmlc way: payloads holding the magic number at an aligned offset are split so they
-    round-trip). ``compression``: None, ``"gzip"``, ``"zlib"`` or ``"infer"`` (from the name).
+    round-trip; ``multipart="concat"`` writes every payload as one whole frame, as the SageMaker
+    SDK does). ``compression``: None, ``"gzip"``, ``"zlib"`` or ``"infer"`` (from the name).
     """
     try:
         encode = _ENCODERS[format]
     except (KeyError, TypeError):
         raise ValueError(f"write_records supports {sorted(_ENCODERS)}, not {format!r}") from None
+    if multipart not in MULTIPART_CHOICES:
+        raise ValueError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
+    if format == "recordio":
+        encode = functools.partial(encode_recordio, multipart=multipart)
     check_compression(compression)
     name = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else source_name(dest)
     if compression == "infer":
@@ -264,5 +271,21 @@ def write_records(dest: Any, format: str, records: Iterable[bytes], *,
             f.close()
 
 
+def write_recordio_protobuf(dest: Any, features: Any, labels: Any = None, *,
+                            compression: Optional[str] = None) -> None:
+    """Write rows as SageMaker RecordIO-protobuf (``aialgs.data.Record`` in RecordIO frames).
+
+    ``features``: a dense 2-D numpy array, a CSR matrix (:class:`~streamio.SparseBatch` or
+    ``scipy.sparse``), or ``{key: array}``; a bare array is stored under the key ``values`` as the
+    SageMaker SDK does. ``labels``: the same or None (a 1-D array: one label per row).
+    """
+    from .decoders.recordio_protobuf import encode_recordio_protobuf
+
+    # Framed whole (one cflag-0 frame per record), as the SageMaker SDK writes them, so that
+    # Amazon's readers, which join parts without restoring a magic number, read them too.
+    write_records(dest, "recordio", encode_recordio_protobuf(features, labels),
+                  compression=compression, multipart="concat")
+
+
 __all__ = ["DEFAULT_READ_SIZE", "READER_OPTIONS", "ReaderStats", "RecordReader", "read_records",
-           "write_records"]
+           "write_recordio_protobuf", "write_records"]

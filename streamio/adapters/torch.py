@@ -1,0 +1,531 @@
+"""PyTorch adapter: a streamio ``Dataset`` as a ``torch.utils.data.IterableDataset``, and
+:func:`to_device`, which overlaps host-to-device copies with compute.
+
+How the work is split (every record once per epoch)
+--------------------------------------------------
+Inside ``__iter__`` each reader (a DataLoader worker, or the main process with ``num_workers=0``)
+learns who it is: ``worker``/``num_workers`` from ``torch.utils.data.get_worker_info()`` and
+``rank``/``world_size`` from ``torch.distributed`` when it is initialised, else from the
+``RANK``/``WORLD_SIZE`` variables that ``torchrun`` sets (or from ``to_torch(rank=...,
+world_size=...)``, which wins). It then reads
+``dataset.with_context(epoch=..., rank=..., worker=...).shard(world_size * num_workers,
+rank * num_workers + worker)``:
+
+* at least as many sources as readers: each reader takes whole sources (no byte is read twice);
+* fewer sources: records are dealt round-robin, so every reader reads (and frames) *all* the
+  bytes of every source and keeps its share. That is correct but costs ``readers`` times the I/O
+  and framing: give each reader its own file where you can. It is only possible for sources
+  that can be read more than once at the same time (regular files, URLs, bytes);
+* a single stream (a FIFO, a :class:`~streamio.PipeChannel`, stdin, a file object) cannot be
+  read by two processes - they would steal each other's bytes - so sharing one among several
+  readers raises :class:`~streamio.errors.UsageError` (use ``num_workers=0``, or one FIFO per
+  reader, or several files).
+
+Epochs
+------
+Each ``iter()`` is an epoch. DataLoader workers get a fresh copy of the dataset object every
+epoch (``persistent_workers=False``), so the epoch counter lives in a small shared-memory array
+that the copies share: every reader's ``iter()`` advances it, and readers of the same epoch agree
+on its number. ``set_epoch(e)`` (as with ``DistributedSampler``) says "the next epoch is ``e``";
+later ones follow ``e + 1``, ``e + 2``... Shuffle seeds derive from (seed, epoch, rank, worker).
+A :class:`~streamio.PipeChannel` source reads ``<prefix>_<start + epoch>``, so worker copies
+made each epoch still read the right FIFO.
+
+Uneven shares under DDP
+-----------------------
+Ranks rarely hold the same number of batches, and a rank that stops early leaves the others
+waiting forever in DDP's gradient all-reduce. Collectives can only run in the main process, so the
+policy is applied there: :func:`to_device` (or :func:`even_batches` when you do not use it) does
+one tiny all-reduce of a "have a batch" flag per step. ``"drop"`` (the default) ends the epoch on
+every rank when the first rank runs out (the surplus batches of the other ranks are not used this
+epoch); ``"pad"`` keeps going until the last rank runs out, and ranks that ran out repeat their
+last batch (every record is used at least once; some twice); ``None`` does nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import time
+from typing import Any, Iterable, Iterator, Literal, Optional, Union
+
+import numpy as np
+
+from ..decoders.sparse import SparseBatch
+from ..errors import UsageError, require
+from ..sources import PipeChannel
+from . import check_splittable
+
+torch = require("torch", "torch")
+
+__all__ = [
+    "DEFAULT_DEPTH",
+    "DEFAULT_EVEN_BATCHES",
+    "DevicePrefetcher",
+    "StreamDataset",
+    "convert_batch",
+    "even_batches",
+    "to_device",
+    "to_torch",
+]
+
+EvenBatches = Optional[Literal["drop", "pad"]]
+_EVEN_BATCHES = ("drop", "pad", None)
+#: Dropping never invents data and never fails; "pad" repeats batches (see the module docstring).
+DEFAULT_EVEN_BATCHES: EvenBatches = "drop"
+#: Two batches in flight hide one copy behind one step of compute; more only costs GPU memory
+#: unless batch times vary a lot.
+DEFAULT_DEPTH = 2
+
+# Shared epoch state: [next epoch when the counting started, iter() calls counted, readers per
+# epoch in that count].
+_BASE, _CALLS, _READERS = 0, 1, 2
+
+
+# -- conversion ---------------------------------------------------------------------------------
+def _tensor(array: np.ndarray, pin: bool) -> Any:
+    if not array.flags.writeable:
+        # torch.from_numpy shares memory and warns on read-only arrays (tensors are writable, so
+        # an in-place op would write into memory numpy promised not to change): copy these.
+        array = array.copy()
+    tensor = torch.from_numpy(array)
+    return tensor.pin_memory() if pin else tensor
+
+
+def convert_batch(batch: Any, *, pin_memory: bool = False) -> Any:
+    """A decoded batch with numpy arrays turned into tensors.
+
+    Numeric arrays become tensors that share their memory (``torch.from_numpy``, no copy);
+    :class:`~streamio.SparseBatch` becomes a ``torch.sparse_csr_tensor`` over the same three
+    arrays; object/bytes/str arrays become Python lists (torch has no string tensors). Raw
+    records (``bytes``, lists of ``bytes``) are returned as they are.
+    """
+    if isinstance(batch, dict):
+        return {name: convert_batch(value, pin_memory=pin_memory) for name, value in batch.items()}
+    if isinstance(batch, np.ndarray):
+        if batch.dtype.kind in "OSU":
+            return batch.tolist()
+        return _tensor(batch, pin_memory)
+    if isinstance(batch, np.generic):  # a scalar field of an unbatched example
+        return batch.item() if batch.dtype.kind in "OSU" else torch.as_tensor(batch)
+    if isinstance(batch, SparseBatch):
+        crow = _tensor(batch.indptr, pin_memory)
+        col = _tensor(batch.indices, pin_memory)
+        values = _tensor(batch.values, pin_memory)
+        # SparseBatch checked the CSR invariants when it was built: do not check them again.
+        return torch.sparse_csr_tensor(crow, col, values, size=batch.shape, check_invariants=False)
+    if isinstance(batch, tuple):
+        return tuple(convert_batch(v, pin_memory=pin_memory) for v in batch)
+    return batch
+
+
+# -- who reads what -----------------------------------------------------------------------------
+def _process_group() -> Optional[tuple[int, int]]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        # Also true in a forked DataLoader worker: get_rank() reads local state, no collective.
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _distributed(explicit: Optional[tuple[int, int]],
+                 from_parent: Optional[tuple[int, int]]) -> tuple[int, int]:
+    """(rank, world_size): given to to_torch(), else the process group of this process (a
+    forked worker inherits it), else that of the process that pickled us into a spawned worker,
+    else torchrun's environment, else a single process."""
+    found = explicit or _process_group() or from_parent
+    if found is not None:
+        return found
+    # torchrun sets these before the script starts; the issue's contract is to honour them when
+    # no process group is initialised (yet).
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        return 0, 1
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, not {value!r}")
+
+
+class _EpochCounter:
+    """The next epoch number, shared by the main process and every DataLoader worker.
+
+    A spawn-context array: its lock is a named semaphore, so it can be inherited by forked workers
+    and pickled into spawned ones (a fork-context lock is unlinked at once and cannot).
+    """
+
+    def __init__(self) -> None:
+        self._shared = multiprocessing.get_context("spawn").Array("q", 3)
+        self._shared[_READERS] = 1
+
+    def set(self, epoch: int) -> None:
+        with self._shared.get_lock():
+            self._shared[_BASE] = epoch
+            self._shared[_CALLS] = 0
+
+    def peek(self) -> int:
+        with self._shared.get_lock():
+            s = self._shared
+            return s[_BASE] + -(-s[_CALLS] // s[_READERS])
+
+    def take(self, readers: int) -> int:
+        """The epoch of this ``iter()``, for one of ``readers`` readers that iterate together."""
+        with self._shared.get_lock():
+            s = self._shared
+            if readers != s[_READERS]:
+                # A different DataLoader configuration: continue after the epochs counted so far.
+                s[_BASE] = s[_BASE] + -(-s[_CALLS] // s[_READERS])
+                s[_CALLS] = 0
+                s[_READERS] = readers
+            calls = s[_CALLS]
+            s[_CALLS] = calls + 1
+            return s[_BASE] + calls // readers
+
+
+class StreamDataset(torch.utils.data.IterableDataset):
+    """A streamio ``Dataset`` as a PyTorch ``IterableDataset``; made by ``Dataset.to_torch()``.
+
+    Yields what the Dataset yields, with numpy arrays as tensors (see :func:`convert_batch`): for
+    a batched Dataset, use ``DataLoader(..., batch_size=None)`` so that the DataLoader does not
+    batch the batches. Sharding over workers and ranks, epochs and seeds: see the module
+    docstring.
+    """
+
+    def __init__(self, dataset: Any, *, pin_memory: bool = False, rank: Optional[int] = None,
+                 world_size: Optional[int] = None) -> None:
+        super().__init__()
+        for name in ("with_context", "shard", "sources"):
+            if not hasattr(dataset, name):
+                raise TypeError(f"to_torch needs a streamio Dataset, not {type(dataset).__name__}")
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank and world_size, or neither")
+        if world_size is not None:
+            _check_int("world_size", world_size, 1)
+            _check_int("rank", rank, 0)
+            if rank >= world_size:
+                raise ValueError(f"rank {rank} is not below world_size {world_size}")
+        self.dataset = dataset
+        self.pin_memory = bool(pin_memory)
+        self.rank = rank
+        self.world_size = world_size
+        # PipeChannel epoch e reads <prefix>_<start + e>, whichever copy of the channel opens it.
+        self._channel_starts = {i: s.epoch for i, s in enumerate(dataset.sources)
+                                if isinstance(s, PipeChannel)}
+        self._epoch = _EpochCounter()
+        self._parent_group: Optional[tuple[int, int]] = None
+        self._last: Any = None  # the Dataset of the latest epoch iterated in this process
+
+    def __getstate__(self) -> dict:
+        # Pickled in the main process when a spawn/forkserver DataLoader starts its workers: the
+        # process group is known here but not in the new interpreter, so carry (rank, world).
+        state = self.__dict__.copy()
+        state["_parent_group"] = _process_group() or self._parent_group
+        state["_last"] = None
+        return state
+
+    def stats(self) -> dict:
+        """``Dataset.stats()`` of the latest epoch iterated in *this* process (with
+        ``num_workers=0``; each worker process keeps its own)."""
+        return (self._last if self._last is not None else self.dataset).stats()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` will read."""
+        return self._epoch.peek()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` epoch ``epoch`` (later ones count on from it)."""
+        _check_int("epoch", epoch, 0)
+        self._epoch.set(epoch)
+
+    def plan(self, *, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
+             num_workers: int = 1) -> Any:
+        """The streamio Dataset one reader reads in ``epoch`` (what ``__iter__`` uses)."""
+        readers = world_size * num_workers
+        index = rank * num_workers + worker
+        ds = self.dataset.with_context(epoch=epoch, rank=rank, world_size=world_size,
+                                       worker=worker, num_workers=num_workers)
+        sources = tuple(self.dataset.sources)
+        if readers > 1:
+            check_splittable(sources, readers,
+                             f"{world_size} rank(s) x {num_workers} DataLoader worker(s)",
+                             "use DataLoader(num_workers=0) on a single process")
+            ds = ds.shard(readers, index)
+        for i, start in self._channel_starts.items():
+            sources[i].epoch = start + epoch
+        return ds
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+        explicit = None if self.rank is None else (self.rank, self.world_size)
+        rank, world_size = _distributed(explicit, self._parent_group)
+        epoch = self._epoch.take(num_workers)
+        ds = self.plan(epoch=epoch, rank=rank, world_size=world_size, worker=worker,
+                       num_workers=num_workers)
+        # Pinned memory does not survive the trip from a worker to the main process (tensors go
+        # through shared memory); there DataLoader(pin_memory=True) does the pinning.
+        pin = self.pin_memory and info is None and torch.cuda.is_available()
+        self._last = ds
+        return self._generate(ds, pin)
+
+    @staticmethod
+    def _generate(ds: Any, pin: bool) -> Iterator[Any]:
+        for batch in ds:
+            yield convert_batch(batch, pin_memory=pin)
+
+    def __repr__(self) -> str:
+        return f"StreamDataset({self.dataset!r}, next epoch {self.epoch})"
+
+
+def to_torch(dataset: Any, *, pin_memory: bool = False, rank: Optional[int] = None,
+             world_size: Optional[int] = None) -> StreamDataset:
+    """``dataset`` as a ``torch.utils.data.IterableDataset`` of dicts of tensors.
+
+    ``pin_memory``: pin the tensors (only when CUDA is available and only with ``num_workers=0``;
+    with workers pass ``DataLoader(pin_memory=True)``). ``rank``/``world_size``: override what is
+    found from ``torch.distributed`` or the torchrun environment.
+    """
+    return StreamDataset(dataset, pin_memory=pin_memory, rank=rank, world_size=world_size)
+
+
+# -- even batch counts under DDP ---------------------------------------------------------------
+_flag_groups: dict = {}
+
+
+def _flag_group_and_device(group: Any) -> tuple[Any, Any]:
+    """A process group for the per-step flag, and the device its tensor must live on.
+
+    With NCCL a flag on the GPU would make ``.item()`` wait for all queued compute every step, so
+    a gloo group (CPU) is made once, collectively, on first use.
+    """
+    dist = torch.distributed
+    backend = str(dist.get_backend(group))
+    # "gloo", or "cpu:gloo,cuda:nccl" from init_process_group() without a backend: CPU works.
+    if backend == "gloo" or "cpu:gloo" in backend:
+        return group, torch.device("cpu")
+    key = id(group if group is not None else dist.group.WORLD)
+    if key not in _flag_groups:
+        try:
+            _flag_groups[key] = dist.new_group(backend="gloo") if group is None else None
+        except (RuntimeError, ValueError):  # no gloo in this build: use the group's own device
+            _flag_groups[key] = None
+    side = _flag_groups[key]
+    if side is not None:
+        return side, torch.device("cpu")
+    return group, torch.device("cuda", torch.cuda.current_device())
+
+
+def even_batches(batches: Iterable[Any], policy: EvenBatches = DEFAULT_EVEN_BATCHES, *,
+                 group: Any = None) -> Iterator[Any]:
+    """Yield ``batches`` so that every rank of ``group`` yields the same number per epoch.
+
+    One all-reduce of a tiny flag tensor per batch, in the calling (main) process. ``"drop"``
+    stops every rank when the first runs out; ``"pad"`` continues until the last runs out,
+    repeating each finished rank's last batch; ``None`` (or no initialised process group, or one
+    rank) passes ``batches`` through.
+    """
+    if policy not in _EVEN_BATCHES:
+        raise ValueError(f"even_batches must be one of {_EVEN_BATCHES}, not {policy!r}")
+    dist = torch.distributed
+    active = (policy is not None and dist.is_available() and dist.is_initialized()
+              and dist.get_world_size(group) > 1)
+    if not active:
+        yield from batches
+        return
+    flag_group, device = _flag_group_and_device(group)
+    # "drop": MIN of [have a batch]. "pad": MAX of [have a batch, ran out with nothing to repeat]
+    # (the second entry makes every rank fail together, rather than one rank raising while the
+    # others wait forever in the next all-reduce).
+    op = dist.ReduceOp.MIN if policy == "drop" else dist.ReduceOp.MAX
+    flags = torch.zeros(1 if policy == "drop" else 2, dtype=torch.int32, device=device)
+    iterator = iter(batches)
+    exhausted = False
+    last = None
+    try:
+        while True:
+            batch = None
+            if not exhausted:
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    exhausted = True
+            flags[0] = 0 if exhausted else 1
+            if policy == "pad":
+                flags[1] = 1 if exhausted and last is None else 0
+            dist.all_reduce(flags, op=op, group=flag_group)
+            values = flags.tolist()
+            if not values[0]:
+                return  # "drop": some rank is out; "pad": every rank is out
+            if policy == "pad" and values[1]:
+                raise UsageError("a rank has no batch at all this epoch while others do, so"
+                                 " even_batches='pad' has nothing to repeat on it; use"
+                                 " even_batches='drop', or give every rank data")
+            if not exhausted:
+                last = batch
+                yield batch
+            else:
+                yield last
+    finally:
+        close = getattr(iterator, "close", None)
+        if callable(close):
+            close()
+
+
+# -- host to device -----------------------------------------------------------------------------
+def _pinned(tensor: Any) -> Any:
+    if tensor.layout == torch.sparse_csr:
+        return torch.sparse_csr_tensor(_pinned(tensor.crow_indices()),
+                                       _pinned(tensor.col_indices()), _pinned(tensor.values()),
+                                       size=tensor.shape, check_invariants=False)
+    return tensor if tensor.is_pinned() else tensor.pin_memory()
+
+
+def _move(batch: Any, device: Any, non_blocking: bool) -> Any:
+    if isinstance(batch, torch.Tensor):
+        if non_blocking and batch.device.type == "cpu":
+            batch = _pinned(batch)  # a copy from pageable memory would be synchronous
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: _move(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(_move(v, device, non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        moved = [_move(v, device, non_blocking) for v in batch]
+        return moved if isinstance(batch, list) else tuple(moved)
+    return batch  # str, bytes, numbers: stay on the host
+
+
+def _record_stream(batch: Any, stream: Any) -> None:
+    """Tell the caching allocator that ``stream`` uses ``batch``'s memory (it was allocated on the
+    copy stream, and would otherwise be reused as soon as that stream moves on)."""
+    if isinstance(batch, torch.Tensor):
+        if batch.layout == torch.sparse_csr:
+            for part in (batch.crow_indices(), batch.col_indices(), batch.values()):
+                part.record_stream(stream)
+        elif batch.device.type == "cuda":
+            batch.record_stream(stream)
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            _record_stream(v, stream)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            _record_stream(v, stream)
+
+
+class DevicePrefetcher:
+    """Iterates ``batches`` with each batch moved to ``device``; made by :func:`to_device`.
+
+    CUDA: each batch is pinned (unless it already is) and copied with ``non_blocking=True`` on a
+    side stream, ``depth`` batches ahead; an event recorded after each batch's copies lets the
+    compute stream wait for that batch only, never for the copies of later ones. Other devices:
+    CPU batches pass through unchanged; anything else gets a plain ``.to(device)``.
+
+    ``wait_s`` is the time spent waiting for the loader to hand over a batch (data starvation);
+    ``batches`` counts the batches yielded.
+    """
+
+    def __init__(self, batches: Iterable[Any], device: Any, depth: int = DEFAULT_DEPTH, *,
+                 even_batches: EvenBatches = DEFAULT_EVEN_BATCHES, group: Any = None) -> None:
+        _check_int("depth", depth, 1)
+        if even_batches not in _EVEN_BATCHES:
+            raise ValueError(f"even_batches must be one of {_EVEN_BATCHES}, not {even_batches!r}")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"not a torch device: {device!r} ({exc})") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {device} asked for, but torch.cuda.is_available() is"
+                                 " False")
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+        self.batches = batches
+        self.device = device
+        self.depth = depth
+        self.even_batches = even_batches
+        self.group = group
+        self.wait_s = 0.0
+        self.batches_yielded = 0
+
+    def _source(self) -> Iterator[Any]:
+        clock = time.perf_counter
+        iterator = iter(even_batches(self.batches, self.even_batches, group=self.group))
+        try:
+            while True:
+                t0 = clock()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    return
+                finally:
+                    self.wait_s += clock() - t0
+                yield batch
+        finally:
+            iterator.close()
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.device.type == "cuda":
+            return self._cuda()
+        if self.device.type == "cpu":
+            return self._counted(self._source())
+        return self._counted(_move(b, self.device, False) for b in self._source())
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            self.batches_yielded += 1
+            yield batch
+
+    def _cuda(self) -> Iterator[Any]:
+        device = self.device
+        copy_stream = torch.cuda.Stream(device)
+        in_flight: collections.deque = collections.deque()
+        source = self._source()
+
+        def launch() -> bool:
+            try:
+                batch = next(source)
+            except StopIteration:
+                return False
+            with torch.cuda.stream(copy_stream):
+                moved = _move(batch, device, True)
+                done = torch.cuda.Event()
+                done.record(copy_stream)
+            in_flight.append((moved, done))
+            return True
+
+        try:
+            # The copy stream must not start before work already queued on the compute stream
+            # that produced anything we copy from (CPU tensors: nothing; but be safe and cheap).
+            copy_stream.wait_stream(torch.cuda.current_stream(device))
+            for _ in range(self.depth):
+                if not launch():
+                    break
+            while in_flight:
+                moved, done = in_flight.popleft()
+                compute = torch.cuda.current_stream(device)
+                compute.wait_event(done)
+                _record_stream(moved, compute)
+                launch()  # queue the next copy before handing this batch to compute
+                self.batches_yielded += 1
+                yield moved
+        finally:
+            source.close()
+
+
+def to_device(batches: Iterable[Any], device: Union[str, Any], depth: int = DEFAULT_DEPTH, *,
+              even_batches: EvenBatches = DEFAULT_EVEN_BATCHES,
+              group: Any = None) -> DevicePrefetcher:
+    """Iterate ``batches`` (a DataLoader, usually) with every tensor moved to ``device``.
+
+    On CUDA, copies overlap compute: pinned host memory, ``non_blocking`` copies on a side stream,
+    ``depth`` batches in flight, one event per batch so the compute stream waits only for its own
+    batch. On CPU the batches pass through. Under ``torch.distributed`` every rank yields the same
+    number of batches per epoch (``even_batches``: ``"drop"``, ``"pad"`` or ``None``; see
+    :func:`even_batches`). Lists (of bytes or str) and other non-tensors stay on the host.
+    Iterate the result once per epoch; ``wait_s`` is the time spent waiting for data.
+    """
+    return DevicePrefetcher(batches, device, depth, even_batches=even_batches, group=group)

@@ -1,0 +1,588 @@
+"""CSV rows into numpy columns, a whole batch at a time.
+
+Records are CSV rows as the ``"csv"`` framer delivers them: one row's bytes without its line
+terminator, quoted newlines kept (RFC 4180: a quoted field may hold delimiters, doubled quotes
+and newlines).
+
+Two paths give the same results (a Hypothesis test holds them to it). The fast one hands the
+whole batch to numpy's C parser (``np.loadtxt`` on the list of rows: no per-value Python work);
+it is taken when every selected column is numeric (float or integer), no field is quoted, and
+the batch parses cleanly (missing values are first rewritten to ``nan`` in the joined bytes).
+Anything else (quotes, ``str`` columns, a bad value) goes through the general path: Python's C
+``csv`` module splits the rows, numpy converts each column block, and a failure is traced to
+the exact row and column for the error message."""
+
+from __future__ import annotations
+
+import codecs
+import csv as _csv
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ..errors import DecodeError
+from .example import _Where
+from .sparse import SparseBatch
+from .spec import FieldSpec
+
+__all__ = ["Csv"]
+
+DEFAULT_DTYPE = "float32"
+DEFAULT_DELIMITER = ","
+DEFAULT_QUOTECHAR = '"'
+DEFAULT_ENCODING = "utf-8"
+DEFAULT_NA_VALUES = ("",)
+LABEL = "label"
+FEATURES = "features"
+
+_BOM = codecs.BOM_UTF8
+_NUMERIC = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+            "uint32", "uint64", "bool"}
+_TEXT = {"str", "bytes"}
+# A column value that numpy parses as a number must never be treated as a missing value by the
+# fast path, so the fast path is off when a na_value is itself a number.
+
+
+def _dtype_name(dtype: Any) -> str:
+    if dtype is str:
+        return "str"
+    if dtype is bytes:
+        return "bytes"
+    if isinstance(dtype, str) and dtype in _TEXT:
+        return dtype
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name in _NUMERIC:
+        return name
+    raise ValueError(f"CSV column dtype must be one of {sorted(_NUMERIC | _TEXT)}, not {dtype!r}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+Column = Union[int, str]
+
+
+class Csv:
+    """Decode CSV rows into numpy arrays.
+
+    * ``as_columns=False`` (default): the selected non-label columns stack into
+      ``batch["features"]`` ``(B, F)`` of ``dtype``; ``batch["label"]`` ``(B,)`` holds
+      ``label_column`` (an index or a header name) when given. SageMaker's CSV convention (no
+      header, label first) is ``Csv(label_column=0)``.
+    * ``as_columns=True``: one ``(B,)`` array per selected column, named from the header (or
+      ``c0, c1, ...``); the label column, if any, is ``batch["label"]``. ``dtype`` may be a dict
+      ``{column name or index: dtype}`` (unlisted columns: ``"float32"``); ``"str"`` columns give
+      object arrays of ``str``, ``"bytes"`` of the raw ``bytes``.
+    * ``columns``: the columns to keep (indices or header names), in output order; default all.
+    * ``header=True``: the first row names the columns. Rows equal to it later in the stream are
+      dropped (SageMaker Pipe mode concatenates files, so each file's header arrives as a row).
+      The header is taken from the first row this decoder sees: ``fresh()`` gives a decoder for a
+      new stream (a new epoch starts with a header again).
+    * A UTF-8 byte-order mark at the start of a row is dropped; ``encoding`` decodes header and
+      ``str`` columns (it must be ASCII-compatible, as the row framing is byte-based).
+    * ``na_values``: strings that mean "missing": NaN in float columns, an error in integer ones.
+
+    A value that does not parse, or a row with the wrong number of fields, raises
+    :class:`~streamio.errors.DecodeError` naming the record and the column.
+    """
+
+    def __init__(self, *, header: bool = False, label_column: Optional[Column] = None,
+                 columns: Optional[Sequence[Column]] = None,
+                 dtype: Union[Any, Mapping[Column, Any]] = DEFAULT_DTYPE,
+                 as_columns: bool = False, delimiter: str = DEFAULT_DELIMITER,
+                 quotechar: Optional[str] = DEFAULT_QUOTECHAR, encoding: str = DEFAULT_ENCODING,
+                 na_values: Sequence[str] = DEFAULT_NA_VALUES) -> None:
+        if not isinstance(header, bool):
+            raise TypeError(f"header must be True or False, not {header!r}")
+        if not isinstance(as_columns, bool):
+            raise TypeError(f"as_columns must be True or False, not {as_columns!r}")
+        for name, char in (("delimiter", delimiter), ("quotechar", quotechar)):
+            if char is None and name == "quotechar":
+                continue
+            if not isinstance(char, str) or len(char) != 1 or char in "\r\n" or ord(char) > 127:
+                raise ValueError(f"{name} must be one ASCII character other than CR/LF, not {char!r}")
+        if delimiter == quotechar:
+            raise ValueError("delimiter and quotechar must differ")
+        try:
+            codecs.lookup(encoding)
+        except (LookupError, TypeError):
+            raise ValueError(f"unknown encoding {encoding!r}") from None
+        probe = "\n\r,;\t\"'0123456789.-+eE" + delimiter
+        try:
+            ascii_compatible = probe.encode(encoding) == probe.encode("ascii")
+        except UnicodeError:
+            ascii_compatible = False
+        if not ascii_compatible:
+            raise ValueError(f"encoding {encoding!r} is not ASCII-compatible; CSV rows are framed"
+                             " by bytes, so use UTF-8, Latin-1, ISO-8859-x, cp125x or similar")
+        if isinstance(label_column, bool) or not isinstance(label_column, (int, str, type(None))):
+            raise TypeError(f"label_column must be a column index or name, not {label_column!r}")
+        if columns is not None:
+            if isinstance(columns, (str, bytes)):
+                raise TypeError(f"columns must be a sequence of indices or names, not {columns!r}")
+            columns = tuple(columns)
+            for col in columns:
+                if isinstance(col, bool) or not isinstance(col, (int, str)):
+                    raise TypeError(f"columns must hold column indices or names, not {col!r}")
+            if len(set(columns)) != len(columns):
+                raise ValueError(f"columns lists a column twice: {columns!r}")
+        if isinstance(dtype, Mapping):
+            dtypes = {}
+            for key, value in dtype.items():
+                if isinstance(key, bool) or not isinstance(key, (int, str)):
+                    raise TypeError(f"dtype keys must be column indices or names, not {key!r}")
+                dtypes[key] = _dtype_name(value)
+            dtype_option: Union[str, Dict[Column, str]] = dtypes
+        else:
+            dtype_option = _dtype_name(dtype)
+        if isinstance(na_values, (str, bytes)):
+            raise TypeError(f"na_values must be a sequence of str, not {na_values!r}")
+        na_values = tuple(na_values)
+        for value in na_values:
+            if not isinstance(value, str):
+                raise TypeError(f"na_values must hold str, not {value!r}")
+        self._options = dict(header=header, label_column=label_column, columns=columns,
+                             dtype=dtype_option, as_columns=as_columns, delimiter=delimiter,
+                             quotechar=quotechar, encoding=encoding, na_values=na_values)
+        self.header = header
+        self.label_column = label_column
+        self.columns = columns
+        self.dtype = dtype_option
+        self.as_columns = as_columns
+        self.delimiter = delimiter
+        self.quotechar = quotechar
+        self.encoding = encoding
+        self.na_values = na_values
+        self._delimiter_byte = delimiter.encode("ascii")
+        self._quote_byte = None if quotechar is None else quotechar.encode("ascii")
+        self._na_set = frozenset(na_values)
+        self._fast_ok = not any(_is_number(value) for value in na_values)
+        # Missing values, for the fast path: a whole field equal to a na_value becomes "nan".
+        self._na_tokens = [re.compile(re.escape(v.encode(encoding)) + b"(?![^" + re.escape(
+            self._delimiter_byte) + b"\n])") for v in set(na_values) if v]
+        self._na_empty = "" in na_values
+        # strict: a quote left open, or text after a closing quote, is an error (RFC 4180)
+        self._csv_options = dict(delimiter=delimiter, quotechar=quotechar or '"', strict=True,
+                                 quoting=_csv.QUOTE_MINIMAL if quotechar else _csv.QUOTE_NONE)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the header and column plan: the next row starts a new stream."""
+        self._names: Optional[List[str]] = None
+        self._header_row: Optional[bytes] = None
+        self._plan: Optional[_Plan] = None
+
+    def fresh(self) -> "Csv":
+        """An unprimed copy with the same options, for a new stream."""
+        return Csv(**self._options)
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self._options.items())
+        return f"Csv({options})"
+
+    def output_spec(self) -> Optional[Dict[str, FieldSpec]]:
+        plan = self._plan
+        if plan is None:
+            return None
+        out = {}
+        for name, cols, dtype in plan.outputs:
+            kind = "object" if dtype in _TEXT else "dense"
+            np_dtype = np.dtype(object) if dtype in _TEXT else np.dtype(dtype)
+            out[name] = FieldSpec(kind, np_dtype, () if isinstance(cols, int) else (len(cols),))
+        return out
+
+    # --- decoding -----------------------------------------------------------------------------
+
+    def decode_batch(self, records: Sequence[bytes], *, source: Optional[str] = None,
+                     first_index: int = 0) -> Dict[str, Union[np.ndarray, SparseBatch]]:
+        where = _Where(source, first_index)
+        rows = list(records)
+        positions: Optional[np.ndarray] = None  # batch row -> index in records, once rows are dropped
+        joined = b"\n".join(rows)
+        if _BOM in joined or b"\r" in joined:
+            rows = [_clean(row) for row in rows]
+            joined = b"\n".join(rows)
+        if self.header:
+            if self._header_row is None:
+                if not rows:
+                    return {}
+                self._take_header(rows[0], where)
+                rows = rows[1:]
+                positions = np.arange(1, len(records))
+                joined = b"\n".join(rows)
+            if self._header_row in joined:  # a repeated header (concatenated files): drop it
+                keep = [row != self._header_row for row in rows]
+                if not all(keep):
+                    base = positions if positions is not None else np.arange(len(rows))
+                    positions = base[np.array(keep, dtype=bool)]
+                    rows = [row for row, kept in zip(rows, keep) if kept]
+                    joined = b"\n".join(rows)
+        if self._plan is None:
+            if not rows:
+                return {}
+            if self._names is None:
+                first = self._split_rows([rows[0]], where, positions)[0]
+                self._names = [f"c{k}" for k in range(len(first))]
+            self._plan = self._make_plan(where, positions)
+        plan = self._plan
+        if not rows:
+            return plan.empty()
+        quoted = self._quote_byte is not None and self._quote_byte in joined
+        # Quoted batches take the general path: numpy's parser is laxer about quotes than RFC
+        # 4180 (it reads '"1"2' as 12) and the two paths must agree.
+        if plan.fast and self._fast_ok and not quoted:
+            result = self._fast(rows, joined, plan)
+            if result is not None:
+                return result
+        return self._general(rows, plan, where, positions, quoted)
+
+    def _take_header(self, row: bytes, where: _Where) -> None:
+        fields = self._split_rows([row], where, None)[0]
+        if len(set(fields)) != len(fields):
+            raise where.error(f"the header names a column twice: {fields!r}", 0, None)
+        self._names = fields
+        self._header_row = row
+
+    def _make_plan(self, where: _Where, positions: Optional[np.ndarray]) -> "_Plan":
+        names = self._names or []
+
+        def resolve(col: Column) -> int:
+            if isinstance(col, str):
+                if col not in names:
+                    known = ", ".join(map(repr, names[:20]))
+                    raise where.error(f"no column named {col!r} (columns: {known})",
+                                      _row_index(positions, 0), col)
+                return names.index(col)
+            index = col + len(names) if col < 0 else col
+            if not 0 <= index < len(names):
+                raise where.error(f"column index {col} is out of range: rows have {len(names)}"
+                                  " fields", _row_index(positions, 0), None)
+            return index
+
+        label = None if self.label_column is None else resolve(self.label_column)
+        selected = list(range(len(names))) if self.columns is None else [resolve(c) for c in self.columns]
+        feature_cols = [c for c in selected if c != label]
+
+        def dtype_of(index: int) -> str:
+            if isinstance(self.dtype, str):
+                return self.dtype
+            for key in (names[index], index, index - len(names)):
+                if key in self.dtype:
+                    return self.dtype[key]
+            return DEFAULT_DTYPE
+
+        outputs: List[Tuple[str, Union[int, List[int]], str]] = []
+        if self.as_columns:
+            for c in feature_cols:
+                outputs.append((names[c], c, dtype_of(c)))
+        else:
+            kinds = {dtype_of(c) for c in feature_cols}
+            if len(kinds) > 1:
+                raise where.error(f"as_columns=False stacks the features into one array, but the"
+                                  f" dtypes given differ: {sorted(kinds)}", _row_index(positions, 0), None)
+            outputs.append((FEATURES, feature_cols, kinds.pop() if kinds else DEFAULT_DTYPE))
+        if label is not None:
+            outputs.append((LABEL, label, dtype_of(label)))
+        seen = set()
+        for name, _, _ in outputs:
+            if name in seen:
+                raise where.error(f"two outputs would both be named {name!r}", _row_index(positions, 0), name)
+            seen.add(name)
+        return _Plan(names, outputs, label, feature_cols)
+
+    def _fast(self, rows: List[bytes], joined: bytes, plan: "_Plan") -> Optional[Dict[str, np.ndarray]]:
+        """numpy's C parser over a whole unquoted batch; None if it cannot take it as it is."""
+        ncols = len(plan.names)
+        every_column = len(plan.used) == ncols
+        # With usecols, loadtxt does not check that rows agree on their number of fields.
+        if not every_column and not _fields_per_row_ok(joined, self._delimiter_byte, len(rows), ncols):
+            return None
+        table = _loadtxt(rows, plan, self.delimiter, every_column)
+        if table is None and (self._na_empty or self._na_tokens):
+            marked, found = self._mark_missing(joined)
+            if found:
+                table = _loadtxt(marked.split(b"\n"), plan, self.delimiter, every_column)
+        if table is None or table.shape[0] != len(rows) or (
+                every_column and table.ndim == 2 and table.shape[1] != ncols):
+            return None  # a bad value, a blank row skipped, or rows of another width
+        return plan.assemble_fast(table)
+
+    def _mark_missing(self, joined: bytes) -> Tuple[bytes, bool]:
+        """``joined`` (unquoted rows) with every field equal to a na_value replaced by "nan"."""
+        d = self._delimiter_byte
+        out = joined
+        for pattern in self._na_tokens:  # tokens are rare: check each hit's left edge by hand
+            pieces, last = [], 0
+            for hit in pattern.finditer(out):
+                start = hit.start()
+                if start == 0 or out[start - 1:start] in (d, b"\n"):
+                    pieces.append(out[last:start])
+                    pieces.append(b"nan")
+                    last = hit.end()
+            if pieces:
+                pieces.append(out[last:])
+                out = b"".join(pieces)
+        if self._na_empty:  # empty fields: between two delimiters, or at a row's edge
+            out = out.replace(d + d, d + b"nan" + d).replace(d + d, d + b"nan" + d)
+            out = out.replace(b"\n" + d, b"\nnan" + d).replace(d + b"\n", d + b"nan\n")
+            if out.startswith(d):
+                out = b"nan" + out
+            if out.endswith(d):
+                out = out + b"nan"
+        return out, out != joined
+
+    def _split_rows(self, rows: List[bytes], where: _Where, positions: Optional[np.ndarray]
+                    ) -> List[List[str]]:
+        """Fields of each row as str (the csv module: RFC 4180 quoting)."""
+        texts = []
+        for k, row in enumerate(rows):
+            try:
+                texts.append(row.decode(self.encoding))
+            except UnicodeDecodeError as exc:
+                raise self._undecodable(row, exc, where, _row_index(positions, k)) from None
+        try:
+            parsed = list(_csv.reader(texts, **self._csv_options))
+        except _csv.Error:
+            parsed = None
+        if parsed is None or len(parsed) != len(texts):
+            # A row the csv module could not keep to itself (a quote left open): find it.
+            parsed = []
+            for k, text in enumerate(texts):
+                try:
+                    fields = list(_csv.reader([text], **self._csv_options))
+                except _csv.Error as exc:
+                    reason = ("a quoted field is not closed" if "end of data" in str(exc) else str(exc))
+                    raise where.error(f"row is not valid CSV: {reason}", _row_index(positions, k),
+                                      None) from None
+                if len(fields) != 1:
+                    raise where.error("row is not valid CSV: a quoted field is not closed",
+                                      _row_index(positions, k), None)
+                parsed.append(fields[0])
+        return parsed
+
+    def _undecodable(self, row: bytes, exc: UnicodeDecodeError, where: _Where, index: Optional[int]
+                     ) -> DecodeError:
+        # Latin-1 never fails and keeps byte offsets: split with it to name the column.
+        try:
+            fields = next(_csv.reader([row.decode("latin-1")], **self._csv_options), [])
+        except _csv.Error:
+            fields = []
+        field = None
+        for k, value in enumerate(fields):
+            try:
+                value.encode("latin-1").decode(self.encoding)
+            except UnicodeDecodeError:
+                names = self._names
+                field = names[k] if names is not None and k < len(names) else f"c{k}"
+                break
+        return where.error(f"row is not valid {self.encoding}: {exc.reason} at byte {exc.start}"
+                           " (pass encoding= for other text encodings)", index, field)
+
+    def _general(self, rows: List[bytes], plan: "_Plan", where: _Where,
+                 positions: Optional[np.ndarray], quoted: bool) -> Dict[str, np.ndarray]:
+        ncols = len(plan.names)
+        if not quoted and plan.no_text:
+            # No quotes: a plain split is exact, and numbers need no decoding.
+            fields_per_row: List[List[Any]] = [row.split(self._delimiter_byte) for row in rows]
+            na = frozenset(value.encode(self.encoding) for value in self.na_values)
+        else:
+            fields_per_row = self._split_rows(rows, where, positions)
+            na = self._na_set
+        lengths = np.fromiter(map(len, fields_per_row), dtype=np.int64, count=len(fields_per_row))
+        wrong = lengths != ncols
+        if wrong.any():
+            k = int(np.argmax(wrong))
+            n = int(lengths[k])
+            field = plan.names[n] if n < ncols else f"c{ncols} (beyond the last column)"
+            raise where.error(f"row has {n} fields, expected {ncols}", _row_index(positions, k), field)
+        table = np.array(fields_per_row)
+        if table.ndim != 2:  # no columns at all
+            table = np.empty((len(rows), ncols), dtype="S1")
+        out: Dict[str, np.ndarray] = {}
+        for name, cols, dtype in plan.outputs:
+            if isinstance(cols, int):
+                out[name] = self._convert(table[:, cols], dtype, [plan.names[cols]], na, where,
+                                          positions)
+            elif dtype in _TEXT:
+                block = np.empty((len(rows), len(cols)), dtype=object)
+                for k, c in enumerate(cols):
+                    block[:, k] = self._convert(table[:, c], dtype, [plan.names[c]], na, where, positions)
+                out[name] = block
+            else:  # one conversion for the whole block
+                out[name] = self._convert(table[:, cols], dtype, [plan.names[c] for c in cols], na,
+                                          where, positions)
+        return out
+
+    def _convert(self, column: np.ndarray, dtype: str, names: List[str], na: frozenset,
+                 where: _Where, positions: Optional[np.ndarray]) -> np.ndarray:
+        """Convert a column ``(B,)`` or a block ``(B, len(names))`` of fields to ``dtype``."""
+        if dtype in _TEXT:
+            values = column.tolist()
+            if dtype == "str":
+                values = [v.decode(self.encoding) if isinstance(v, bytes) else v for v in values]
+            else:
+                values = [v if isinstance(v, bytes) else v.encode(self.encoding) for v in values]
+            arr = np.empty(len(values), dtype=object)
+            arr[:] = values
+            return arr
+        target = np.dtype(dtype)
+
+        def fail(message: str, flat_index: int) -> DecodeError:
+            row, col = divmod(flat_index, len(names)) if column.ndim == 2 else (flat_index, 0)
+            return where.error(message, _row_index(positions, row), names[col])
+
+        if na:
+            missing = np.isin(column, list(na))
+            if missing.any():
+                if target.kind != "f":
+                    k = int(np.argmax(missing.ravel()))
+                    raise fail(f"missing value {self._text(column.ravel()[k].item())!r} in {dtype}"
+                               f" column {names[k % len(names)]!r}", k)
+                # wide enough for "nan" (an S1 column would truncate it)
+                column = column.astype(np.promote_types(column.dtype, column.dtype.kind + "3"))
+                column[missing] = "nan"
+        try:
+            if target.kind == "b":
+                return _to_bool(column)
+            return column.astype(target)
+        except (ValueError, OverflowError, UnicodeError):
+            pass
+        # Find the first value that does not convert, for the message.
+        for k, value in enumerate(column.ravel().tolist()):
+            try:
+                if target.kind == "b":
+                    _to_bool(np.array([value]))
+                else:
+                    np.array([value]).astype(target)
+            except (ValueError, OverflowError, UnicodeError):
+                raise fail(f"{self._text(value)!r} is not a valid {dtype} value in column"
+                           f" {names[k % len(names)]!r}", k) from None
+        raise where.error(f"columns {names!r} do not convert to {dtype}", None, names[0])
+
+    def _text(self, value: Any) -> Any:
+        """A field as the user wrote it: decoded if it decodes, else the raw bytes."""
+        if isinstance(value, bytes):
+            try:
+                return value.decode(self.encoding)
+            except UnicodeDecodeError:
+                return value
+        return value
+
+
+def _loadtxt(rows: List[bytes], plan: "_Plan", delimiter: str, every_column: bool
+             ) -> Optional[np.ndarray]:
+    try:
+        return np.loadtxt(rows, dtype=plan.fast_dtype, delimiter=delimiter, quotechar=None,
+                          comments=None, ndmin=1 if plan.fast_dtype.names else 2,
+                          usecols=None if every_column else plan.used, encoding="latin-1")
+    except ValueError:
+        return None
+
+
+def _fields_per_row_ok(joined: bytes, delimiter: bytes, nrows: int, ncols: int) -> bool:
+    """Whether every row of an unquoted batch has ``ncols`` fields (vectorised count)."""
+    data = np.frombuffer(joined, dtype=np.uint8)
+    breaks = np.flatnonzero(data == 10)
+    if len(breaks) != nrows - 1:
+        return False
+    seen = np.concatenate(([0], np.cumsum(data == delimiter[0])))
+    starts = np.concatenate(([0], breaks + 1))
+    ends = np.concatenate((breaks, [len(data)]))
+    return bool(((seen[ends] - seen[starts]) == ncols - 1).all())
+
+
+_TRUE = frozenset(["1", "true", "True", "TRUE", b"1", b"true", b"True", b"TRUE"])
+_FALSE = frozenset(["0", "false", "False", "FALSE", b"0", b"false", b"False", b"FALSE"])
+
+
+def _to_bool(column: np.ndarray) -> np.ndarray:
+    out = np.empty(column.size, dtype=bool)
+    for k, value in enumerate(column.ravel().tolist()):
+        value = value.strip()
+        if value in _TRUE:
+            out[k] = True
+        elif value in _FALSE:
+            out[k] = False
+        else:
+            raise ValueError(value)
+    return out.reshape(column.shape)
+
+
+def _clean(row: bytes) -> bytes:
+    if row.startswith(_BOM):
+        row = row[len(_BOM):]
+    if row.endswith(b"\r"):  # a CRLF terminator the framer left half of
+        row = row[:-1]
+    return row
+
+
+def _row_index(positions: Optional[np.ndarray], k: int) -> int:
+    return k if positions is None else int(positions[k])
+
+
+class _Plan:
+    """Which columns go where, fixed by the first row (or the header).
+
+    ``outputs``: ``(name, column index, dtype)`` for one-column outputs, ``(name, [column
+    indices], dtype)`` for the stacked ``features``.
+    """
+
+    def __init__(self, names: List[str], outputs: List[Tuple[str, Union[int, List[int]], str]],
+                 label: Optional[int], feature_cols: List[int]) -> None:
+        self.names = names
+        self.outputs = outputs
+        self.label = label
+        self.no_text = all(dtype not in _TEXT for _, _, dtype in outputs)
+        self.used = sorted(set(feature_cols) | ({label} if label is not None else set()))
+        self._slot = {c: k for k, c in enumerate(self.used)}
+        dtypes = {c: np.dtype(dtype) for _, cols, dtype in outputs if dtype not in _TEXT
+                  for c in ([cols] if isinstance(cols, int) else cols)}
+        # numpy's C parser takes float and integer columns; bool and text go the general way.
+        self.fast = self.no_text and all(d.kind in "fiu" for d in dtypes.values())
+        if not self.fast:
+            self.fast_dtype = np.dtype(np.float32)  # unused
+        elif len(set(dtypes.values())) <= 1:
+            # One dtype: a plain 2-D table. Float32 parsing goes through a double in numpy's
+            # parser as in Python's float(), so both paths give the same values.
+            self.fast_dtype = next(iter(dtypes.values()), np.dtype(np.float32))
+        else:
+            self.fast_dtype = np.dtype([(f"c{c}", dtypes[c]) for c in self.used])
+
+    def assemble_fast(self, table: np.ndarray) -> Dict[str, np.ndarray]:
+        out = {}
+        if table.dtype.names:
+            for name, cols, dtype in self.outputs:
+                if isinstance(cols, int):
+                    out[name] = np.ascontiguousarray(table[f"c{cols}"])
+                else:
+                    block = np.empty((len(table), len(cols)), dtype=dtype)
+                    for k, c in enumerate(cols):
+                        block[:, k] = table[f"c{c}"]
+                    out[name] = block
+            return out
+        for name, cols, dtype in self.outputs:
+            if isinstance(cols, int):
+                out[name] = np.ascontiguousarray(table[:, self._slot[cols]], dtype=dtype)
+            else:
+                slots = [self._slot[c] for c in cols]
+                if slots == list(range(table.shape[1])):
+                    out[name] = table.astype(dtype, copy=False)
+                else:
+                    out[name] = np.ascontiguousarray(table[:, slots], dtype=dtype)
+        return out
+
+    def empty(self) -> Dict[str, np.ndarray]:
+        out = {}
+        for name, cols, dtype in self.outputs:
+            np_dtype = np.dtype(object) if dtype in _TEXT else np.dtype(dtype)
+            out[name] = np.empty((0,) if isinstance(cols, int) else (0, len(cols)), dtype=np_dtype)
+        return out

@@ -1,0 +1,304 @@
+"""``streamio demo``: train a tiny model from an emulated SageMaker Pipe mode channel.
+
+Nothing but the installed package (plus PyTorch, or TensorFlow for ``framework="tf"``) is needed:
+
+1. a small synthetic dataset (a few thousand ``tf.train.Example`` records: 16 float features and a
+   0/1 label from a fixed linear rule with label noise) is written as TFRecord, encoded here
+   without TensorFlow;
+2. ``streamio serve-pipe`` runs as a separate process, as SageMaker's agent would, and serves the
+   file on ``<workdir>/train_<epoch>`` FIFOs, one per epoch;
+3. the training loop reads a :class:`~streamio.PipeChannel` through ``Dataset(...).shuffle()
+   .batch().prefetch()`` and ``to_torch()`` + ``to_device()`` (or ``to_tf()`` and Keras), and
+   prints each epoch's loss, records per second and the time the model waited for data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+from .errors import SourceError, require
+
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_EPOCHS", "DEFAULT_RECORDS", "encode_example",
+           "make_demo_data", "run_demo"]
+
+DEFAULT_EPOCHS = 2
+#: A few thousand records: enough for the loss to fall visibly in two epochs, small enough that the
+#: demo (including interpreter and framework start-up) takes seconds on two CPU cores.
+DEFAULT_RECORDS = 4096
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_SHUFFLE_BUFFER = 1024
+DEFAULT_PREFETCH = 4
+DEFAULT_SEED = 0
+FEATURES = 16
+_FRAMEWORKS = ("torch", "tf")
+#: How long the writer process waits for the training loop to open each epoch's FIFO.
+_SERVE_OPEN_TIMEOUT = 60.0
+
+
+# -- tf.train.Example without TensorFlow ----------------------------------------------------------
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # int64 values are encoded as their two's complement (10 bytes if < 0)
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def encode_example(features: Mapping[str, Any]) -> bytes:
+    """Serialize a ``tf.train.Example`` (tensorflow/core/example/example.proto).
+
+    Values: floats (a float, a list of floats, a float numpy array) -> ``float_list``; ints ->
+    ``int64_list``; ``bytes``/``str`` or a list of them -> ``bytes_list``. Wire layout:
+    ``Example{features=1: Features{feature=1: map<string, Feature>}}``, each map entry
+    ``{key=1, value=2}``, ``Feature{bytes_list=1 | float_list=2 | int64_list=3}``, each list
+    ``{value=1}`` (numbers packed).
+    """
+    entries = []
+    for name, value in features.items():
+        if isinstance(value, (bytes, str)):
+            value = [value]
+        array = np.asarray(value)
+        if array.ndim == 0:
+            array = array.reshape(1)
+        if array.dtype.kind in "OSU":
+            items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.ravel()]
+            feature = _field(1, b"".join(_field(1, v) for v in items))
+        elif array.dtype.kind == "f":
+            feature = _field(2, _field(1, array.astype("<f4").tobytes()))
+        elif array.dtype.kind in "iub":
+            feature = _field(3, _field(1, b"".join(_varint(int(v)) for v in array.ravel())))
+        else:
+            raise TypeError(f"feature {name!r}: cannot encode values of dtype {array.dtype}")
+        entries.append(_field(1, _field(1, name.encode("utf-8")) + _field(2, feature)))
+    return _field(1, b"".join(entries))
+
+
+def make_demo_data(path: str, *, records: int = DEFAULT_RECORDS, seed: int = DEFAULT_SEED) -> None:
+    """Write the demo's TFRecord file: features ``x`` (16 floats), label ``y`` (0 or 1)."""
+    from .reader import write_records
+
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(size=FEATURES).astype(np.float32)
+    x = rng.normal(size=(records, FEATURES)).astype(np.float32)
+    logits = x @ weights
+    y = (logits + rng.normal(scale=0.5, size=records) > 0).astype(np.int64)
+    write_records(path, "tfrecord",
+                  (encode_example({"x": x[i], "y": int(y[i])}) for i in range(records)))
+
+
+# -- the Pipe mode writer -------------------------------------------------------------------------
+def _serve(channel: str, epochs: int, path: str) -> subprocess.Popen:
+    """Start ``streamio serve-pipe`` in its own process (the SageMaker agent's role)."""
+    cmd = [sys.executable, "-m", "streamio", "serve-pipe", "--channel", channel,
+           "--epochs", str(epochs), "--open-timeout", str(_SERVE_OPEN_TIMEOUT), path]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _dataset(channel_prefix: str, *, batch_size: int, seed: int) -> Any:
+    from .decoders import Example, FixedLen
+    from .pipeline import Dataset
+    from .sources import PipeChannel
+
+    channel = PipeChannel(channel_prefix, open_timeout=_SERVE_OPEN_TIMEOUT)
+    decoder = Example({"x": FixedLen([FEATURES], "float32"), "y": FixedLen([], "int64")})
+    return (Dataset(channel, "tfrecord", decoder=decoder)
+            .shuffle(DEFAULT_SHUFFLE_BUFFER, seed=seed)
+            .batch(batch_size)
+            .prefetch(DEFAULT_PREFETCH))
+
+
+# -- training -------------------------------------------------------------------------------------
+def _train_torch(ds: Any, epochs: int, *, device: Optional[str], seed: int,
+                 report: Callable[[dict], None]) -> list:
+    import torch
+
+    from .torch import to_device
+
+    torch.manual_seed(seed)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 1)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    # A FIFO is one stream: one reader, the main process (the Dataset's prefetch thread reads
+    # ahead while the model trains).
+    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=0)
+    batches = to_device(loader, device)
+    results = []
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        wait0 = batches.wait_s
+        total, records = 0.0, 0
+        for batch in batches:
+            x, y = batch["x"], batch["y"].float()
+            optimizer.zero_grad()
+            loss = loss_fn(model(x).squeeze(1), y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(y)
+            records += len(y)
+        elapsed = time.perf_counter() - t0
+        figures = _figures(epoch, total / max(records, 1), records, elapsed,
+                           batches.wait_s - wait0, device)
+        report(figures)
+        results.append(figures)
+    return results
+
+
+class _TimedDataset:
+    """A streamio Dataset whose iterations add the time spent waiting for each item to
+    ``waited[0]``. Keras pulls batches inside its compiled step, so there is no consumer-side
+    hook; this measures the wait where tf.data's generator blocks on the stream (an upper bound
+    on the model's wait: the ``prefetch`` after it hides part of it)."""
+
+    def __init__(self, ds: Any, waited: list) -> None:
+        self._ds = ds
+        self._waited = waited
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ds, name)
+
+    def with_context(self, **kwargs: Any) -> "_TimedDataset":
+        return _TimedDataset(self._ds.with_context(**kwargs), self._waited)
+
+    def shard(self, num_shards: int, index: int) -> "_TimedDataset":
+        return _TimedDataset(self._ds.shard(num_shards, index), self._waited)
+
+    def __iter__(self):
+        clock = time.perf_counter
+        iterator = iter(self._ds)
+        while True:
+            t0 = clock()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self._waited[0] += clock() - t0
+            yield item
+
+
+def _train_tf(ds: Any, epochs: int, *, records: int, seed: int,
+              report: Callable[[dict], None]) -> list:
+    tf = require("tensorflow", "tf")
+    from .adapters.tf import to_tf
+
+    tf.keras.utils.set_random_seed(seed)
+    waited = [0.0]
+    tfds = (to_tf(_TimedDataset(ds, waited))
+            .map(lambda b: (b["x"], tf.cast(b["y"], tf.float32)))
+            .prefetch(tf.data.AUTOTUNE))
+    model = tf.keras.Sequential([tf.keras.Input((FEATURES,)),
+                                 tf.keras.layers.Dense(32, activation="relu"),
+                                 tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01),
+                  loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+    results = []
+
+    class Report(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0 = time.perf_counter()
+            self.wait0 = waited[0]
+
+        def on_epoch_end(self, epoch, logs=None):
+            elapsed = time.perf_counter() - self.t0
+            # Keras reports the epoch's mean batch loss; every epoch is the whole file.
+            figures = _figures(epoch, float(logs["loss"]), records, elapsed,
+                               waited[0] - self.wait0, "cpu (keras)")
+            report(figures)
+            results.append(figures)
+
+    with warnings.catch_warnings():
+        # Keras 3 warns at the end of the first epoch of a dataset of unknown length ("ran out
+        # of data"): a stream's length is unknown until it ends, so that is expected here.
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        model.fit(tfds, epochs=epochs, verbose=0, shuffle=False, callbacks=[Report()])
+    return results
+
+
+def _figures(epoch: int, loss: float, records: int, elapsed: float, wait_s: float,
+             device: str) -> dict:
+    return {"epoch": epoch, "loss": loss, "records": records,
+            "seconds": elapsed, "records_per_s": records / elapsed if elapsed > 0 else 0.0,
+            "data_wait_s": wait_s, "device": str(device)}
+
+
+def _print_figures(figures: dict) -> None:
+    print(f"epoch {figures['epoch']}: loss {figures['loss']:.4f}  {figures['records']} records"
+          f"  {figures['records_per_s']:,.0f} records/s  waited for data"
+          f" {figures['data_wait_s'] * 1000:.0f} ms ({figures['device']})", flush=True)
+
+
+def run_demo(framework: str = "torch", epochs: int = DEFAULT_EPOCHS, workdir: Optional[str] = None,
+             *, records: int = DEFAULT_RECORDS, batch_size: int = DEFAULT_BATCH_SIZE,
+             seed: int = DEFAULT_SEED, device: Optional[str] = None,
+             verbose: bool = True) -> dict:
+    """Run the demo; returns ``{"framework", "records", "epochs": [per-epoch figures]}``.
+
+    Each epoch's figures: ``epoch``, ``loss`` (mean over the epoch's records), ``records``,
+    ``seconds``, ``records_per_s``, ``data_wait_s`` (time the training loop waited for data) and
+    ``device``. ``workdir``: where the data file and FIFOs go (a temporary directory, removed
+    afterwards, if None). ``device`` (torch only): defaults to CUDA when available.
+    """
+    if framework not in _FRAMEWORKS:
+        raise ValueError(f"framework must be one of {_FRAMEWORKS}, not {framework!r}")
+    for name, value in (("epochs", epochs), ("records", records), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, not {value!r}")
+    # Fail with the pip install to run before starting the writer process.
+    if framework == "torch":
+        require("torch", "torch")
+    else:
+        # The demo's output is its figures: keep TensorFlow's C++ start-up notices out of it
+        # (a user's own setting wins).
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        require("tensorflow", "tf")
+    own_dir = workdir is None
+    workdir = tempfile.mkdtemp(prefix="streamio-demo-") if own_dir else os.fspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    report = _print_figures if verbose else (lambda figures: None)
+    writer = None
+    try:
+        data = os.path.join(workdir, "train.tfrecord")
+        make_demo_data(data, records=records, seed=seed)
+        channel = os.path.join(workdir, "train")
+        if verbose:
+            print(f"streamio demo: {records} tf.train.Example records, served as a SageMaker Pipe"
+                  f" mode channel {channel}_<epoch> for {epochs} epochs; training with"
+                  f" {framework}", flush=True)
+        writer = _serve(channel, epochs, data)
+        ds = _dataset(channel, batch_size=batch_size, seed=seed)
+        if framework == "torch":
+            results = _train_torch(ds, epochs, device=device, seed=seed, report=report)
+        else:
+            results = _train_tf(ds, epochs, records=records, seed=seed, report=report)
+        _, err = writer.communicate(timeout=_SERVE_OPEN_TIMEOUT)
+        if writer.returncode != 0:
+            raise SourceError(f"the serve-pipe process failed: {err.decode(errors='replace')}",
+                              source=channel)
+        return {"framework": framework, "records": records, "epochs": results}
+    finally:
+        if writer is not None and writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,736 @@
+"""``streamio.Dataset``: a re-iterable, immutable description of a record pipeline.
+
+Each ``iter(ds)`` is one epoch: the sources are opened again (a :class:`~streamio.PipeChannel`
+moves to its next FIFO), read one at a time, and the records flow through the stages in the
+order the methods were called. Every method returns a new Dataset; nothing is read before the
+first ``next()``.
+
+Inside an epoch, items travel in *blocks*: the list of records a reader completed from one
+chunk, or the list of batches cut from such lists. Stages work on whole lists (slicing, numpy
+indexing) rather than calling Python code per record; the consumer's iterator hands the items
+out one by one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from ..errors import DecodeError, FormatError
+from ..reader import RecordReader
+from ..sources import check_source
+from .prefetch import Prefetcher
+from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes, new_seed
+from .stats import EpochStats, empty_snapshot
+
+__all__ = ["Dataset", "PipelineContext"]
+
+# A record's origin travels as one int: the source's position in the Dataset's source list in
+# the high bits and the record's index in that source below, so a shuffled batch that fails to
+# decode can still name its record. 2**40 records per source is far beyond any stream.
+_INDEX_BITS = 40
+_INDEX_MASK = (1 << _INDEX_BITS) - 1
+
+
+@dataclass(frozen=True)
+class PipelineContext:
+    """Where an epoch runs, for seeds: ``(seed, epoch, rank, worker)`` gives each its own order.
+
+    ``epoch=None``: the Dataset counts its own iterations (0, 1, 2, ...). The torch and tf
+    adapters pin it and set rank/worker through :meth:`Dataset.with_context`.
+    """
+
+    epoch: Optional[int] = None
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+
+# -- stages -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Shuffle:
+    buffer_size: int
+    buffer_bytes: Optional[int]
+    seed: int
+    initial: Optional[int]
+
+
+@dataclass(frozen=True)
+class _Batch:
+    batch_size: int
+    drop_last: bool
+
+
+@dataclass(frozen=True)
+class _ShuffleBatches:
+    n: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class _Prefetch:
+    n: int
+
+
+@dataclass(frozen=True)
+class _Skip:
+    n: int
+
+
+@dataclass(frozen=True)
+class _Take:
+    n: int
+
+
+# -- argument checks ----------------------------------------------------------------------------
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    return int(value)
+
+
+def _check_seed(seed: Any) -> int:
+    if seed is None:
+        # Drawn once, here: iterations of this Dataset then differ by epoch, reproducibly.
+        return new_seed()
+    return _check_int("seed", seed, 0)
+
+
+def _is_glob(text: str) -> bool:
+    return glob.has_magic(text) and not os.path.exists(text)
+
+
+def _readable_entry(path: str) -> bool:
+    # Regular files and FIFOs; directories are not descended into and hidden files are skipped.
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
+
+
+def _expand(source: Any) -> list:
+    """One user-given source -> the sources it names (a glob or directory names several)."""
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if isinstance(text, bytes) or text == "-" or "://" in text:
+            return [source]
+        if _is_glob(text):
+            matches = sorted(p for p in glob.glob(text, recursive=True)
+                             if not os.path.basename(p).startswith(".") and _readable_entry(p))
+            if not matches:
+                raise ValueError(f"no files match {text!r}")
+            return matches
+        if os.path.isdir(text):
+            files = sorted(os.path.join(text, name) for name in os.listdir(text)
+                           if not name.startswith("."))
+            files = [p for p in files if _readable_entry(p)]
+            if not files:
+                raise ValueError(f"directory {text!r} holds no files to read")
+            return files
+    return [source]
+
+
+def _expand_sources(source_or_list: Any) -> tuple:
+    items = list(source_or_list) if isinstance(source_or_list, (list, tuple)) else [source_or_list]
+    if not items:
+        raise ValueError("Dataset needs at least one source")
+    out: list = []
+    for item in items:
+        out.extend(_expand(item))
+    return tuple(out)
+
+
+def _takes_header(decoder: Any) -> bool:
+    """Whether the decoder reads column names from each stream's first record (CSV header)."""
+    return getattr(decoder, "header", False) is True
+
+
+# -- the Dataset ----------------------------------------------------------------------------------
+class Dataset:
+    """A re-iterable description of a stream pipeline: each ``iter()`` is one epoch.
+
+    ``Dataset(source_or_list, format, *, decoder=None, **reader_options)``:
+
+    - ``source_or_list``: anything :func:`streamio.read_records` reads (a path, FIFO, ``"-"``,
+      URL, file object, bytes, :class:`~streamio.PipeChannel`), a glob (``"data/*.tfrecord"``,
+      sorted), a directory (its files, sorted, hidden ones skipped), or a list of these, read
+      in order, one source open at a time;
+    - ``format``: ``"tfrecord"``, ``"recordio"``, ``"csv"``, ``"lines"``;
+    - ``decoder``: turns each batch of records into a dict of numpy arrays (``batch()``);
+      without one (or without ``batch()``) items are raw records, and a batch is a ``list``;
+    - ``reader_options``: passed to :class:`~streamio.RecordReader` (``compression``,
+      ``verify``, ``on_error``, ``multipart``, ``max_record_size``, ``read_size``,
+      ``read_timeout``, format options). Checked now; the sources are opened only when an epoch
+      starts.
+
+    Methods (each returns a new Dataset; the receiver is unchanged): :meth:`shuffle`,
+    :meth:`batch`, :meth:`shuffle_batches`, :meth:`prefetch`, :meth:`shard`, :meth:`skip`,
+    :meth:`take`, :meth:`with_context`. :meth:`stats` describes the latest epoch.
+
+    Seeds derive from ``(seed, epoch, rank, worker)``: the same seed gives the same orders,
+    each epoch its own. The epoch counter belongs to the Dataset object being iterated (its
+    first ``iter()`` is epoch 0) unless :meth:`with_context` pins it.
+
+    ``iter(ds)`` returns an :class:`EpochIterator`; leaving the loop early, dropping the
+    iterator or calling its ``close()`` stops prefetch threads and closes the sources.
+    """
+
+    def __init__(self, source_or_list: Any, format: str, *, decoder: Any = None,
+                 **reader_options: Any) -> None:
+        sources = _expand_sources(source_or_list)
+        for source in sources:
+            check_source(source)
+        # A RecordReader checks the format, its options and their values when it is built, and
+        # opens nothing until it is iterated: build one now so mistakes surface here.
+        RecordReader(sources[0], format, **reader_options)
+        if decoder is not None and not callable(getattr(decoder, "decode_batch", None)):
+            raise TypeError("decoder must have a decode_batch() method, not"
+                            f" {type(decoder).__name__}")
+        self._all_sources = sources
+        self._format = format
+        self._decoder = decoder
+        self._reader_options = dict(reader_options)
+        self._selection: tuple = tuple(range(len(sources)))
+        self._round_robin: tuple = ()  # (num_shards, index) layers over each source's records
+        self._stages: tuple = ()
+        self._context = PipelineContext()
+        self._reset_runtime()
+
+    def _reset_runtime(self) -> None:
+        self._epochs_started = 0
+        self._last_stats: Optional[EpochStats] = None
+
+    def _derive(self, **changes: Any) -> "Dataset":
+        new = object.__new__(Dataset)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        new._reset_runtime()
+        return new
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_last_stats"] = None  # holds a lock; stats belong to the process that iterated
+        return state
+
+    # -- description ------------------------------------------------------------------------
+    @property
+    def sources(self) -> tuple:
+        """The sources this Dataset reads, in order (globs and directories expanded; after a
+        whole-source :meth:`shard`, only this shard's)."""
+        return tuple(self._all_sources[i] for i in self._selection)
+
+    @property
+    def format(self) -> str:
+        return self._format
+
+    @property
+    def decoder(self) -> Any:
+        return self._decoder
+
+    @property
+    def reader_options(self) -> dict:
+        return dict(self._reader_options)
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        """The batch size of :meth:`batch`, or None when items are single records."""
+        for stage in self._stages:
+            if isinstance(stage, _Batch):
+                return stage.batch_size
+        return None
+
+    @property
+    def context(self) -> PipelineContext:
+        return self._context
+
+    @property
+    def round_robin(self) -> bool:
+        """Whether a :meth:`shard` splits records of a stream (each shard reads all of it)."""
+        return bool(self._round_robin)
+
+    def __repr__(self) -> str:
+        sources = self.sources
+        head = repr(sources[0]) if len(sources) == 1 else f"{len(sources)} sources"
+        stages = "".join(f".{type(s).__name__.lstrip('_').lower()}(...)" for s in self._stages)
+        return f"Dataset({head}, {self._format!r}){stages}"
+
+    # -- building -----------------------------------------------------------------------------
+    def _batched(self) -> bool:
+        return any(isinstance(s, _Batch) for s in self._stages)
+
+    def _with_stage(self, stage: Any) -> "Dataset":
+        return self._derive(_stages=self._stages + (stage,))
+
+    def shuffle(self, buffer_size: int, *, buffer_bytes: Optional[int] = None,
+                seed: Optional[int] = None, initial: Optional[int] = None) -> "Dataset":
+        """Shuffle items (records, or batches after :meth:`batch`) through a bounded buffer.
+
+        The buffer holds at most ``buffer_size`` items and ``buffer_bytes`` bytes (record
+        lengths; for batches, the ``nbytes`` of their arrays), and emits uniformly chosen items
+        whenever it is over a bound (see :class:`~streamio.pipeline.ShuffleBuffer`). Every epoch
+        is exactly a permutation of its items. ``initial``: let items flow once this many are
+        held, before the buffer is full (faster first batch, less random start). ``seed=None``
+        draws a seed now, so epochs differ but are not reproducible across runs.
+
+        Memory: with ``buffer_bytes`` the peak is about 1.5 times it (the buffer, plus a block of
+        arrivals being merged and the items on their way out) on top of the reader's buffers.
+        Order: buffers of 1024 items or more take arrivals in blocks (once full, with exactly the
+        result of the one-at-a-time rule); the order never depends on how the source happened
+        to be chunked, so a seed gives the same order from a file and from a pipe.
+        """
+        buffer_size = _check_int("buffer_size", buffer_size, 1)
+        if buffer_bytes is not None:
+            buffer_bytes = _check_int("buffer_bytes", buffer_bytes, 1)
+        if initial is not None:
+            initial = _check_int("initial", initial, 0)
+        return self._with_stage(_Shuffle(buffer_size, buffer_bytes, _check_seed(seed), initial))
+
+    def batch(self, batch_size: int, *, drop_last: bool = False) -> "Dataset":
+        """Group records into batches of ``batch_size``: a ``list`` of records, or with a decoder
+        the dict its ``decode_batch`` returns. The last, partial batch is kept unless
+        ``drop_last``."""
+        batch_size = _check_int("batch_size", batch_size, 1)
+        if not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last must be a bool, not {type(drop_last).__name__}")
+        if self._batched():
+            raise ValueError("this Dataset is already batched")
+        return self._with_stage(_Batch(batch_size, drop_last))
+
+    def shuffle_batches(self, n: int, *, seed: Optional[int] = None) -> "Dataset":
+        """Hold ``n`` batches and emit them in random order (cheap extra randomness: moves whole
+        batches, so it costs no per-record work)."""
+        n = _check_int("n", n, 1)
+        if not self._batched():
+            raise ValueError("shuffle_batches() needs batch() first (use shuffle() for records)")
+        return self._with_stage(_ShuffleBatches(n, _check_seed(seed)))
+
+    def prefetch(self, n: int) -> "Dataset":
+        """Run everything before this point in a background thread, ``n`` items ahead (see
+        :class:`~streamio.pipeline.Prefetcher`). Leaving the loop early stops the thread and
+        closes the source."""
+        return self._with_stage(_Prefetch(_check_int("n", n, 1)))
+
+    def skip(self, n: int) -> "Dataset":
+        """Drop the first ``n`` items (records, or batches after :meth:`batch`) of each epoch."""
+        return self._with_stage(_Skip(_check_int("n", n, 0)))
+
+    def take(self, n: int) -> "Dataset":
+        """Stop each epoch after ``n`` items (records, or batches after :meth:`batch`); the
+        source is closed then, without reading the rest."""
+        return self._with_stage(_Take(_check_int("n", n, 0)))
+
+    def shard(self, num_shards: int, index: int) -> "Dataset":
+        """Keep shard ``index`` of ``num_shards``: together the shards deliver every record
+        exactly once, and no two share one.
+
+        With at least ``num_shards`` sources, whole sources are split: source ``i`` goes to shard
+        ``i % num_shards`` and each shard reads only its own. With fewer (one FIFO, one file),
+        records go round-robin: **every shard reads and frames the whole stream** and keeps every
+        ``num_shards``-th record, so the I/O and framing cost is paid ``num_shards`` times (a
+        FIFO can have only one reader: round-robin over one pipe needs ``num_shards`` separate
+        pipes or a single reader).
+
+        Sharding applies to the records as they are read, wherever it appears in the chain (as
+        tf.data's auto-sharding does): shuffling, batching and prefetching then work on the
+        shard's own records, and a :meth:`take`/:meth:`skip` called before ``shard`` counts the
+        items of each shard.
+        """
+        num_shards = _check_int("num_shards", num_shards, 1)
+        index = _check_int("index", index, 0)
+        if index >= num_shards:
+            raise ValueError(f"shard index must be in [0, {num_shards}), not {index}")
+        if num_shards == 1:
+            return self._derive()
+        if len(self._selection) >= num_shards:
+            return self._derive(_selection=self._selection[index::num_shards])
+        return self._derive(_round_robin=self._round_robin + ((num_shards, index),))
+
+    def with_context(self, *, epoch: Optional[int] = None, rank: int = 0, world_size: int = 1,
+                     worker: int = 0, num_workers: int = 1) -> "Dataset":
+        """A copy that runs as ``(rank, worker)`` and, if ``epoch`` is given, always as that epoch.
+
+        Seeds derive from ``(seed, epoch, rank, worker)``. This does not shard: pair it with
+        :meth:`shard` (the adapters call ``ds.with_context(...).shard(world_size * num_workers,
+        rank * num_workers + worker)``). The receiver is not changed.
+        """
+        if epoch is not None:
+            epoch = _check_int("epoch", epoch, 0)
+        world_size = _check_int("world_size", world_size, 1)
+        num_workers = _check_int("num_workers", num_workers, 1)
+        rank = _check_int("rank", rank, 0)
+        worker = _check_int("worker", worker, 0)
+        if rank >= world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), not {rank}")
+        if worker >= num_workers:
+            raise ValueError(f"worker must be in [0, {num_workers}), not {worker}")
+        context = PipelineContext(epoch, rank, world_size, worker, num_workers)
+        return self._derive(_context=context)
+
+    # -- adapters ---------------------------------------------------------------------------
+    def to_torch(self, **kwargs: Any) -> Any:
+        """A ``torch.utils.data.IterableDataset`` (see :mod:`streamio.adapters.torch`)."""
+        from ..adapters.torch import to_torch
+
+        return to_torch(self, **kwargs)
+
+    def to_tf(self, **kwargs: Any) -> Any:
+        """A ``tf.data.Dataset`` (see :mod:`streamio.adapters.tf`)."""
+        from ..adapters.tf import to_tf
+
+        return to_tf(self, **kwargs)
+
+    # -- running ----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters of the latest epoch (the running one, if any), as a dict.
+
+        Keys: ``records`` (delivered), ``batches``, ``bytes`` (read from the sources),
+        ``records_read``, ``skipped_records``/``skipped_bytes`` (corrupt data dropped under
+        ``on_error="skip"``), ``source_wait_s`` (blocked on the source), ``decode_s``,
+        ``wait_s`` (the consumer waiting for data), ``consumer_s`` (the consumer holding data),
+        ``first_batch_s``, ``elapsed_s``, ``records_per_s``, ``epoch``, ``sources_opened``,
+        ``bytes_decoded``, ``finished``. All zero before the first epoch.
+        """
+        if self._last_stats is None:
+            return empty_snapshot()
+        return self._last_stats.snapshot()
+
+    def __iter__(self) -> "EpochIterator":
+        if self._context.epoch is not None:
+            epoch = self._context.epoch
+        else:
+            epoch = self._epochs_started
+        self._epochs_started += 1
+        stats = EpochStats(epoch)
+        self._last_stats = stats
+        run = _EpochRun(self, epoch, stats)
+        return EpochIterator(run.build(), stats, batched=self._batched())
+
+
+class _EpochRun:
+    """The state of one epoch while its generator chain is built and run."""
+
+    def __init__(self, ds: Dataset, epoch: int, stats: EpochStats) -> None:
+        self.ds = ds
+        self.epoch = epoch
+        self.stats = stats
+        decoder = ds._decoder
+        if decoder is not None and callable(getattr(decoder, "fresh", None)):
+            decoder = decoder.fresh()  # an un-primed decoder per epoch (a CSV header again)
+        self.decoder = decoder
+        # Origins are tracked only where a decode error could need them.
+        self.track_ids = decoder is not None and ds._batched()
+        self.names: dict[int, str] = {}
+        # Whether records reach batch() out of stream order (a record-level shuffle before it).
+        self.reordered = False
+        for stage in ds._stages:
+            if isinstance(stage, _Batch):
+                break
+            if isinstance(stage, _Shuffle):
+                self.reordered = True
+        self.header: Optional[bytes] = None
+        self.header_source: Optional[str] = None
+
+    def build(self) -> Iterator[tuple]:
+        blocks: Iterator[tuple] = self.read_blocks()
+        batched = False
+        for position, stage in enumerate(self.ds._stages):
+            if isinstance(stage, _Shuffle):
+                blocks = self.shuffle(blocks, stage.buffer_size, stage.buffer_bytes, stage.seed,
+                                      stage.initial, position, batched)
+            elif isinstance(stage, _ShuffleBatches):
+                blocks = self.shuffle(blocks, stage.n, None, stage.seed, None, position, True)
+            elif isinstance(stage, _Batch):
+                blocks = self.batch(blocks, stage.batch_size, stage.drop_last)
+                batched = True
+            elif isinstance(stage, _Prefetch):
+                blocks = Prefetcher(blocks, stage.n)
+            elif isinstance(stage, _Skip):
+                blocks = _skip(blocks, stage.n)
+            elif isinstance(stage, _Take):
+                blocks = _take(blocks, stage.n)
+            else:  # pragma: no cover - every stage type is handled above
+                raise TypeError(f"unknown stage {stage!r}")
+        return blocks
+
+    # -- the source end -------------------------------------------------------------------------
+    def read_blocks(self) -> Iterator[tuple]:
+        ds = self.ds
+        stats = self.stats
+        layers = ds._round_robin
+        takes_header = self.decoder is not None and _takes_header(self.decoder)
+        for ordinal in ds._selection:
+            reader = RecordReader(ds._all_sources[ordinal], ds._format, **ds._reader_options)
+            stats.reader_opened(reader.stats)
+            try:
+                seen = 0  # records of this source so far
+                counters = [0] * len(layers)
+                base = ordinal << _INDEX_BITS
+                for records in reader.record_lists():
+                    self.names[ordinal] = reader.source_name
+                    if takes_header and seen == 0:
+                        self.use_header(records[0], reader.source_name)
+                        records = records[1:]
+                        seen = 1
+                    ids = (np.arange(base + seen, base + seen + len(records), dtype=np.int64)
+                           if self.track_ids else None)
+                    seen += len(records)
+                    for layer, (num_shards, index) in enumerate(layers):
+                        # Shard (source position + record position) % num_shards: every record
+                        # of the layer's input goes to exactly one shard, and short sources
+                        # do not all favour shard 0.
+                        start = (index - ordinal - counters[layer]) % num_shards
+                        counters[layer] += len(records)
+                        records = records[start::num_shards]
+                        if ids is not None:
+                            ids = ids[start::num_shards]
+                    if records:
+                        yield records, ids
+            finally:
+                reader.close()
+                stats.reader_closed(reader.stats)
+
+    def use_header(self, header: bytes, source: str) -> None:
+        """Prime the epoch's decoder with the first header; later streams must repeat it."""
+        if self.header is None:
+            self.header = header
+            self.header_source = source
+            self.decoder.decode_batch([header], source=source, first_index=0)
+        elif header != self.header:
+            raise DecodeError(f"the header differs from that of {self.header_source}",
+                              source=source, record_index=0)
+
+    # -- stages ---------------------------------------------------------------------------------
+    def shuffle(self, blocks: Iterator[tuple], size: int, buffer_bytes: Optional[int], seed: int,
+                initial: Optional[int], position: int, batched: bool) -> Iterator[tuple]:
+        ctx = self.ds._context
+        rng = derive_rng(seed, epoch=self.epoch, rank=ctx.rank, worker=ctx.worker, stage=position)
+        buffer = ShuffleBuffer(size, rng=rng, buffer_bytes=buffer_bytes, initial=initial,
+                               size_of=estimate_nbytes if batched else len)
+        track = self.track_ids and not batched
+        try:
+            for items, ids in blocks:
+                out, out_ids = buffer.push(items, ids)
+                if out:
+                    yield out, out_ids
+            out, out_ids = buffer.drain()
+            if out:
+                yield out, (out_ids if track else None)
+        finally:
+            _close(blocks)
+
+    def batch(self, blocks: Iterator[tuple], size: int, drop_last: bool) -> Iterator[tuple]:
+        decode = self.decode if self.decoder is not None else None
+        pending: list = []
+        pending_ids: list = []
+        try:
+            for items, ids in blocks:
+                out = []
+                pos = 0
+                if pending:
+                    pos = size - len(pending)
+                    pending.extend(items[:pos])
+                    if ids is not None:
+                        pending_ids.append(ids[:pos])
+                    if len(pending) < size:
+                        continue
+                    out.append((pending, _join_ids(pending_ids)))
+                    pending, pending_ids = [], []
+                end = pos + (len(items) - pos) // size * size
+                # Unshuffled batching is list slicing: no per-record Python work.
+                if ids is None:
+                    out.extend([(items[s:s + size], None) for s in range(pos, end, size)])
+                else:
+                    out.extend([(items[s:s + size], ids[s:s + size])
+                                for s in range(pos, end, size)])
+                if end < len(items):
+                    pending = items[end:]
+                    if ids is not None:
+                        pending_ids = [ids[end:]]
+                if out:
+                    if decode is None:
+                        yield [b for b, _ in out], None
+                    else:
+                        yield [decode(b, i) for b, i in out], None
+            if pending and not drop_last:
+                batch = pending if decode is None else decode(pending, _join_ids(pending_ids))
+                yield [batch], None
+        finally:
+            _close(blocks)
+
+    def decode(self, records: list, ids: Optional[np.ndarray]) -> Any:
+        clock = time.perf_counter
+        t0 = clock()
+        try:
+            if ids is None or not len(ids):
+                return self.decoder.decode_batch(records)
+            if not self.reordered:
+                # In stream order: a batch within one source, without a round-robin stride, is
+                # a run of consecutive records, and the decoder can name a bad one itself.
+                first, last = int(ids[0]), int(ids[-1])
+                if first >> _INDEX_BITS == last >> _INDEX_BITS and last - first == len(ids) - 1:
+                    return self.decoder.decode_batch(records,
+                                                     source=self.names.get(first >> _INDEX_BITS),
+                                                     first_index=first & _INDEX_MASK)
+            source = self.names.get(self.ds._selection[0]) if len(self.ds._selection) == 1 else None
+            try:
+                return self.decoder.decode_batch(records, source=source, first_index=0)
+            except FormatError as exc:
+                renamed = self.rename_error(exc, ids)
+                if renamed is exc:
+                    raise
+                raise renamed from exc
+        finally:
+            self.stats.decode_s += clock() - t0
+
+    def rename_error(self, exc: FormatError, ids: np.ndarray) -> FormatError:
+        """The same error, naming the record by its stream position, not its batch position."""
+        position = exc.record_index
+        if position is None or not 0 <= position < len(ids):
+            return exc
+        origin = int(ids[position])
+        source = self.names.get(origin >> _INDEX_BITS)
+        kwargs: dict[str, Any] = dict(source=source, offset=None,
+                                      record_index=origin & _INDEX_MASK)
+        if isinstance(exc, DecodeError):
+            kwargs["field"] = exc.field
+        try:
+            return type(exc)(exc.reason, **kwargs)
+        except Exception:  # noqa: BLE001 - a subclass with another signature: keep the original
+            return exc
+
+
+def _join_ids(parts: list) -> Optional[np.ndarray]:
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _close(blocks: Any) -> None:
+    close = getattr(blocks, "close", None)
+    if close is not None:
+        close()
+
+
+def _skip(blocks: Iterator[tuple], n: int) -> Iterator[tuple]:
+    remaining = n
+    try:
+        for items, ids in blocks:
+            if remaining:
+                if len(items) <= remaining:
+                    remaining -= len(items)
+                    continue
+                items = items[remaining:]
+                ids = None if ids is None else ids[remaining:]
+                remaining = 0
+            yield items, ids
+    finally:
+        _close(blocks)
+
+
+def _take(blocks: Iterator[tuple], n: int) -> Iterator[tuple]:
+    remaining = n
+    try:
+        if remaining == 0:
+            return
+        for items, ids in blocks:
+            if len(items) >= remaining:
+                yield items[:remaining], (None if ids is None else ids[:remaining])
+                return  # the finally closes the upstream: no more reading
+            remaining -= len(items)
+            yield items, ids
+    finally:
+        _close(blocks)
+
+
+def _batch_rows(batch: Any) -> int:
+    if isinstance(batch, dict):
+        for value in batch.values():
+            shape = getattr(value, "shape", None)
+            return int(shape[0]) if shape else len(value)
+        return 0
+    return len(batch)
+
+
+class EpochIterator:
+    """One epoch of a Dataset: yields items and owns everything the epoch opened.
+
+    ``close()`` (also on ``break`` out of a ``for`` loop, when the iterator is dropped, or at
+    the end of a ``with`` block) stops prefetch threads and closes the sources. Counting for
+    :meth:`Dataset.stats` happens here, once per block, not per item.
+    """
+
+    def __init__(self, blocks: Iterator[tuple], stats: EpochStats, *, batched: bool) -> None:
+        self._blocks: Optional[Iterator[tuple]] = blocks
+        self._stats = stats
+        self._batched = batched
+        self._items: Iterator[Any] = iter(())
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._items)
+        except StopIteration:
+            pass
+        return self._next_block()
+
+    def _next_block(self) -> Any:
+        blocks = self._blocks
+        if blocks is None:
+            raise StopIteration
+        stats = self._stats
+        clock = time.perf_counter
+        t0 = clock()
+        try:
+            while True:
+                items = next(blocks)[0]
+                if items:
+                    break
+        except BaseException:
+            stats.wait_s += clock() - t0
+            self.close()
+            raise
+        stats.wait_s += clock() - t0
+        if self._batched:
+            stats.batches += len(items)
+            stats.records += sum(map(_batch_rows, items))
+        else:
+            stats.records += len(items)
+        stats.first_item()
+        self._items = iter(items)
+        return next(self._items)
+
+    def close(self) -> None:
+        """Stop the epoch: prefetch threads end and sources are closed (idempotent)."""
+        blocks = self.__dict__.get("_blocks")
+        if blocks is None:
+            return
+        self._blocks = None
+        self._items = iter(())
+        try:
+            _close(blocks)
+        finally:
+            self._stats.finish()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    def __enter__(self) -> "EpochIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,124 @@
+"""Accounting for one epoch: is training waiting for data, and on what?
+
+The pipeline updates an :class:`EpochStats` as it runs (readers in whatever thread runs them,
+delivery counters in the consumer's thread); ``Dataset.stats()`` takes a snapshot at any time,
+during or after the epoch. Each counter has a single writer and CPython reads of ints and floats
+are atomic, so a snapshot never blocks the pipeline; the list of open readers is the only shared
+structure and takes a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Optional
+
+__all__ = ["EpochStats", "STATS_KEYS", "empty_snapshot"]
+
+#: The keys of every snapshot, in a stable order.
+STATS_KEYS = (
+    "epoch", "records", "batches", "bytes", "bytes_decoded", "records_read", "skipped_records",
+    "skipped_bytes", "sources_opened", "source_wait_s", "decode_s", "wait_s", "consumer_s",
+    "first_batch_s", "elapsed_s", "records_per_s", "finished",
+)
+_READER_FIELDS = ("bytes_read", "bytes_decoded", "records", "skipped_records", "skipped_bytes",
+                  "source_wait_s")
+
+
+class EpochStats:
+    """Counters of one epoch.
+
+    - ``records``/``batches``: delivered to the consumer (after shard, skip and take);
+    - ``bytes``, ``bytes_decoded``, ``records_read``, ``skipped_records``, ``skipped_bytes``,
+      ``source_wait_s``: summed over the readers of the epoch (``bytes`` as read from the
+      source, compressed if it is; ``records_read`` counts every framed record, also those a
+      round-robin shard passes over); ``source_wait_s`` is time blocked reading the source;
+    - ``decode_s``: time in the decoder; ``wait_s``: time the consumer spent inside ``next()``
+      waiting for the pipeline; ``consumer_s``: the rest of the epoch, when the consumer held
+      the data (a training step). ``wait_s`` much larger than ``consumer_s`` means input-bound;
+    - ``first_batch_s``: from the start of the epoch to the first item; ``elapsed_s``,
+      ``records_per_s``: so far, or for the whole epoch once it is ``finished``.
+    """
+
+    def __init__(self, epoch: Optional[int] = None) -> None:
+        self.epoch = epoch
+        self._clock = time.perf_counter
+        self._start = self._clock()
+        self._end: Optional[float] = None
+        self._lock = threading.Lock()
+        self._live: list = []  # reader stats objects of the sources open right now
+        self._closed = dict.fromkeys(_READER_FIELDS, 0)
+        self._closed["source_wait_s"] = 0.0
+        self.sources_opened = 0
+        self.records = 0
+        self.batches = 0
+        self.decode_s = 0.0
+        self.wait_s = 0.0
+        self.first_batch_s: Optional[float] = None
+
+    # -- written by the pipeline ----------------------------------------------------------------
+    def reader_opened(self, reader_stats: Any) -> None:
+        with self._lock:
+            self._live.append(reader_stats)
+            self.sources_opened += 1
+
+    def reader_closed(self, reader_stats: Any) -> None:
+        with self._lock:
+            # By identity: ReaderStats is a dataclass, and two readers' counters may be equal.
+            for position, live in enumerate(self._live):
+                if live is reader_stats:
+                    del self._live[position]
+                    for field in _READER_FIELDS:
+                        self._closed[field] += getattr(reader_stats, field, 0)
+                    break
+
+    def first_item(self) -> None:
+        if self.first_batch_s is None:
+            self.first_batch_s = self._clock() - self._start
+
+    def finish(self) -> None:
+        if self._end is None:
+            self._end = self._clock()
+
+    @property
+    def finished(self) -> bool:
+        return self._end is not None
+
+    # -- read by anyone -------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The counters now, as a plain dict (keys: :data:`STATS_KEYS`)."""
+        with self._lock:
+            totals = dict(self._closed)
+            for live in self._live:
+                for field in _READER_FIELDS:
+                    totals[field] += getattr(live, field, 0)
+        end = self._end if self._end is not None else self._clock()
+        elapsed = max(0.0, end - self._start)
+        wait_s = self.wait_s
+        return {
+            "epoch": self.epoch,
+            "records": self.records,
+            "batches": self.batches,
+            "bytes": totals["bytes_read"],
+            "bytes_decoded": totals["bytes_decoded"],
+            "records_read": totals["records"],
+            "skipped_records": totals["skipped_records"],
+            "skipped_bytes": totals["skipped_bytes"],
+            "sources_opened": self.sources_opened,
+            "source_wait_s": totals["source_wait_s"],
+            "decode_s": self.decode_s,
+            "wait_s": wait_s,
+            "consumer_s": max(0.0, elapsed - wait_s),
+            "first_batch_s": self.first_batch_s,
+            "elapsed_s": elapsed,
+            "records_per_s": self.records / elapsed if elapsed > 0 else 0.0,
+            "finished": self.finished,
+        }
+
+
+def empty_snapshot() -> dict[str, Any]:
+    """What ``stats()`` says before any epoch ran: zeros (``epoch``/``first_batch_s`` None)."""
+    snap: dict[str, Any] = dict.fromkeys(STATS_KEYS, 0)
+    snap.update(epoch=None, first_batch_s=None, finished=False, source_wait_s=0.0, decode_s=0.0,
+                wait_s=0.0, consumer_s=0.0, elapsed_s=0.0, records_per_s=0.0)
+    return snap

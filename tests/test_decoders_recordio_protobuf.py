@@ -1,0 +1,350 @@
+"""SageMaker RecordIO-protobuf decoding: every peer file reads as its project expects, our writer
+round-trips, later records that differ are named, garbage ends in DecodeError."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import streamio
+from streamio.decoders import FieldSpec, FixedLen, RecordIOProtobuf, SparseBatch, VarLen
+from streamio.decoders._wire import WireError
+from streamio.decoders.recordio_protobuf import (encode_recordio_protobuf, parse_recordio_protobuf,
+                                                 parse_recordio_protobuf_fast)
+from streamio.errors import DecodeError
+
+from conftest import peer
+
+
+def decode(path, decoder=None, **reader_options):
+    records = list(streamio.read_records(path, "recordio", **reader_options))
+    return (decoder or RecordIOProtobuf()).decode_batch(records, source=str(path))
+
+
+def frame(payloads, tmp_path, name="data.pbr"):
+    path = tmp_path / name
+    streamio.write_records(str(path), "recordio", payloads)
+    return path
+
+
+# --- peer files ----------------------------------------------------------------------------------
+
+ML_IO_FEATURES = [[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 2, 0], [0, 0, 0]]
+
+
+def test_ml_io_complete_records():
+    out = decode(peer("ml-io/complete_records.pr"))
+    assert out["values"].dtype == np.float32
+    np.testing.assert_array_equal(out["values"], ML_IO_FEATURES)
+    np.testing.assert_array_equal(out["label_values"], [[1], [2], [3], [4], [5]])
+
+
+def test_ml_io_split_records_under_concatenation():
+    out = decode(peer("ml-io/split_records.pr"), multipart="concat")
+    np.testing.assert_array_equal(out["values"], ML_IO_FEATURES)
+    np.testing.assert_array_equal(out["label_values"].ravel(), [1, 2, 3, 4, 5])
+
+
+def test_ml_io_int32_records():
+    out = decode(peer("ml-io/test.pbr"))
+    assert out["values"].dtype == np.int32
+    np.testing.assert_array_equal(out["values"], [[0, 0, 0], [0, 0, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(out["label_values"].ravel(), [1, 1, 0])
+
+
+def test_sagemaker_sdk_dense_matrix():
+    out = decode(peer("sagemaker-python-sdk/matrix_0.pbr"))
+    matrix = out["values"]
+    assert matrix.shape == (100, 784) and matrix.dtype == np.float32
+    assert (matrix.min(), matrix.max()) == (0.0, 0.99609375)
+    assert matrix.astype(np.float64).sum() == pytest.approx(9886.277, abs=1e-3)
+    assert set(out) == {"values"}
+
+
+def test_sagemaker_sdk_sparse_matrix():
+    out = decode(peer("sagemaker-python-sdk/nips-train_1.pbr"))
+    batch = out["values"]
+    assert isinstance(batch, SparseBatch)
+    assert batch.shape == (350, 12419) and batch.nnz == 174198
+    assert batch.indices.max() == 12417
+    assert batch.values.astype(np.float64).sum() == 451275.0
+    dense = batch.to_dense()
+    assert dense.shape == (350, 12419) and dense.sum(dtype=np.float64) == 451275.0
+
+
+def test_payloads_that_are_not_records_raise_a_clear_error():
+    with pytest.raises(DecodeError, match="not a RecordIO-protobuf Record") as info:
+        decode(peer("sagemaker-python-sdk/first_10_rows_recordio"))
+    assert info.value.record_index == 0
+    assert "first_10_rows_recordio" in str(info.value)
+
+
+XGB_FEATURES = [[1, 0, 0, 0, 0]] * 4 + [[0, 1, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("path", ["train.pb", "pb_files/train.pb"])
+def test_xgboost_dense_int32(path):
+    out = decode(peer(f"sagemaker-xgboost-container/{path}"))
+    np.testing.assert_array_equal(out["values"], XGB_FEATURES)
+    np.testing.assert_array_equal(out["label_values"].ravel(), [0, 0, 0, 0, 1])
+
+
+def test_xgboost_sparse_equals_dense():
+    out = decode(peer("sagemaker-xgboost-container/sparse/train.pb"))
+    assert isinstance(out["values"], SparseBatch)
+    np.testing.assert_array_equal(out["values"].to_dense(), XGB_FEATURES)
+
+
+def test_xgboost_feature_with_only_a_shape_is_an_all_zero_row():
+    out = decode(peer("sagemaker-xgboost-container/single_feature_label.pb"))
+    np.testing.assert_array_equal(out["values"].to_dense(), [[0.0]])
+    assert out["values"].dtype == np.float64
+    np.testing.assert_array_equal(out["label_values"], [[0.0]])
+
+
+def test_xgboost_sparse_edge_cases_read_together():
+    files = sorted(glob.glob(os.path.join(os.path.dirname(
+        peer("sagemaker-xgboost-container/sparse_edge_cases/diagonal.pbr")), "*.pbr")))
+    assert len(files) == 8
+    records = [r for f in files for r in streamio.read_records(f, "recordio")]
+    out = RecordIOProtobuf().decode_batch(records)
+    dense = out["values"].to_dense()
+    assert dense.shape == (25, 3)
+    np.testing.assert_array_equal(out["label_values"].ravel(), np.ones(25))
+    # Each file decodes on its own to the same rows (empty rows are all-zero rows).
+    rows = [RecordIOProtobuf().decode_batch(list(streamio.read_records(f, "recordio")))["values"].to_dense()
+            for f in files]
+    np.testing.assert_array_equal(np.concatenate(rows), dense)
+    assert (dense.sum(axis=1) == 0).any()
+
+
+def test_peer_matrix_read_from_a_fifo(fifo):
+    with open(peer("sagemaker-python-sdk/matrix_0.pbr"), "rb") as f:
+        data = f.read()
+    decoder = RecordIOProtobuf()
+    records = list(streamio.read_records(fifo.make(data * 2, 5, 4099, 13), "recordio"))
+    batches = [decoder.decode_batch(records[i:i + 64], source="fifo", first_index=i)
+               for i in range(0, len(records), 64)]
+    matrix = np.concatenate([b["values"] for b in batches])
+    assert matrix.shape == (200, 784)
+    np.testing.assert_array_equal(matrix[:100], matrix[100:])
+    assert matrix[:100].astype(np.float64).sum() == pytest.approx(9886.277, abs=1e-3)
+
+
+# --- our writer round-trips --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_dense_round_trip(tmp_path, dtype):
+    rng = np.random.default_rng(1)
+    features = (rng.standard_normal((40, 6)) * 1000).astype(dtype)
+    labels = np.arange(40, dtype=np.float32)
+    path = frame(encode_recordio_protobuf(features, labels), tmp_path)
+    out = decode(str(path))
+    assert out["values"].dtype == dtype
+    assert out["values"].flags.writeable  # torch.from_numpy takes it as it is
+    np.testing.assert_array_equal(out["values"], features)
+    np.testing.assert_array_equal(out["label_values"].ravel(), labels)
+
+
+def test_sparse_and_named_round_trip(tmp_path):
+    dense = np.zeros((30, 9), dtype=np.float32)
+    dense[np.arange(30) % 4 == 0, 3] = 2.5
+    dense[5, 8] = -1.0
+    rows, cols = np.nonzero(dense)
+    indptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=30))))
+    csr = SparseBatch(indptr, cols, dense[rows, cols], dense.shape)
+    payloads = encode_recordio_protobuf({"x": csr, "id": np.arange(30)[:, None]},
+                                        {"y": np.arange(30, dtype=np.float64)})
+    out = decode(str(frame(payloads, tmp_path)))
+    assert out["x"] == csr
+    np.testing.assert_array_equal(out["id"].ravel(), np.arange(30))
+    assert out["id"].dtype == np.int32
+    np.testing.assert_array_equal(out["label_y"].ravel(), np.arange(30))
+
+
+def test_scipy_sparse_input_if_available(tmp_path):
+    sparse = pytest.importorskip("scipy.sparse")
+    matrix = sparse.random(20, 50, density=0.1, format="csr", dtype=np.float32, random_state=3)
+    out = decode(str(frame(encode_recordio_protobuf(matrix), tmp_path)))
+    np.testing.assert_array_equal(out["values"].to_dense(), matrix.toarray())
+
+
+def test_bytes_tensors_round_trip(tmp_path):
+    images = np.array([[b"\x00jpeg" + bytes([i])] for i in range(10)], dtype=object)
+    out = decode(str(frame(encode_recordio_protobuf({"image": images}, np.arange(10)), tmp_path)))
+    assert out["image"].dtype == object
+    assert out["image"][:, 0].tolist() == images[:, 0].tolist()
+
+
+@pytest.mark.parametrize("features, labels, error", [
+    (np.array([[2 ** 40]]), None, ValueError),
+    (np.array([["a"]]), None, TypeError),
+    (np.zeros((2, 2, 2)), None, ValueError),
+    (np.zeros((3, 2), np.float32), np.zeros(4), ValueError),
+    (np.zeros((3, 2), np.complex64), None, TypeError),
+])
+def test_writer_rejects_what_the_format_cannot_hold(features, labels, error):
+    with pytest.raises(error):
+        encode_recordio_protobuf(features, labels)
+
+
+# --- options and errors ----------------------------------------------------------------------------------
+
+def _payloads(*rows):
+    """rows of (features array or None, label array or None) -> payloads, one record each."""
+    out = []
+    for features, label in rows:
+        out.extend(encode_recordio_protobuf(features, label))
+    return out
+
+
+def test_later_record_with_another_length_dtype_or_missing_tensor_is_named():
+    good = (np.ones((1, 3), np.float32), np.ones(1, np.float32))
+    cases = [
+        ((np.ones((1, 4), np.float32), np.ones(1, np.float32)), "4 values where the first record has 3", "values"),
+        ((np.ones((1, 3), np.float64), np.ones(1, np.float32)), "float64_tensor where the first record", "values"),
+        ((np.ones((1, 3), np.float32), None), "lacks the label tensor", "label_values"),
+    ]
+    for bad, message, field in cases:
+        decoder = RecordIOProtobuf()
+        with pytest.raises(DecodeError, match=message) as info:
+            decoder.decode_batch(_payloads(good, good, bad), source="s3://b/k", first_index=1000)
+        assert (info.value.record_index, info.value.field, info.value.source) == (1002, field, "s3://b/k")
+
+
+def test_first_batch_primes_the_schema_and_fresh_forgets_it():
+    decoder = RecordIOProtobuf()
+    assert decoder.output_spec() is None
+    decoder.decode_batch(_payloads((np.ones((2, 3), np.float32), np.ones(2, np.int32))))
+    assert decoder.output_spec() == {"values": FieldSpec("dense", np.float32, (3,)),
+                                     "label_values": FieldSpec("dense", np.int32, (1,))}
+    clone = pickle.loads(pickle.dumps(decoder))
+    assert clone.output_spec() == decoder.output_spec()
+    with pytest.raises(DecodeError):  # the schema is kept: 4 values are an error
+        clone.decode_batch(_payloads((np.ones((1, 4), np.float32), np.ones(1, np.int32))))
+    fresh = decoder.fresh()
+    assert fresh.output_spec() is None
+    assert fresh.decode_batch(_payloads((np.ones((1, 4), np.float32), np.ones(1, np.int32))))["values"].shape == (1, 4)
+
+
+def test_varlen_fixedlen_and_selection():
+    records = _payloads((np.arange(3, dtype=np.float32)[None], np.ones(1, np.float32)),
+                        (np.arange(3, dtype=np.float32)[None] + 1, np.zeros(1, np.float32)))
+    records.append(encode_recordio_protobuf(np.arange(5, dtype=np.float32)[None], np.ones(1, np.float32))[0])
+    out = RecordIOProtobuf(features={"values": VarLen("float64", pad_value=-1)}, label=[]).decode_batch(records)
+    assert set(out) == {"values", "values_len"}
+    np.testing.assert_array_equal(out["values_len"], [3, 3, 5])
+    np.testing.assert_array_equal(out["values"][0], [0, 1, 2, -1, -1])
+    assert out["values"].dtype == np.float64
+    fixed = RecordIOProtobuf(features={"values": FixedLen((3, 1), "float32")}, label=["values"])
+    batch = fixed.decode_batch(records[:2])
+    assert batch["values"].shape == (2, 3, 1) and batch["label_values"].shape == (2, 1)
+
+
+def test_sparse_row_in_a_dense_feature_is_named():
+    dense = encode_recordio_protobuf(np.ones((1, 3), np.float32))
+    sparse = encode_recordio_protobuf(SparseBatch([0, 1], [2], np.ones(1, np.float32), (1, 3)))
+    with pytest.raises(DecodeError, match="sparse tensor where the first record has a dense") as info:
+        RecordIOProtobuf().decode_batch(dense + sparse, first_index=5)
+    assert info.value.record_index == 6
+
+
+def test_sparse_key_outside_shape_is_named():
+    from streamio.decoders._wire import encode_packed_varints
+
+    good = encode_recordio_protobuf(SparseBatch([0, 1], [2], np.ones(1, np.float32), (1, 3)))[0]
+    bad = good.replace(encode_packed_varints(np.array([2])) + b"\x1a\x01\x03",
+                       encode_packed_varints(np.array([7])) + b"\x1a\x01\x03")
+    assert bad != good
+    with pytest.raises(DecodeError, match="outside the shape") as info:
+        RecordIOProtobuf().decode_batch([good, bad])
+    assert info.value.record_index == 1
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(features="values"), TypeError),
+    (dict(label=5), TypeError),
+    (dict(features={"values": "float32"}), TypeError),
+])
+def test_bad_options_fail_at_construction(kwargs, error):
+    with pytest.raises(error):
+        RecordIOProtobuf(**kwargs)
+
+
+# --- vectorised path equals reference; garbage -------------------------------------------------------------
+
+@st.composite
+def record_batches(draw):
+    width = draw(st.integers(0, 5))
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.int32]))
+    sparse = draw(st.booleans())
+    n = draw(st.integers(1, 30))
+    elements = st.integers(-(2 ** 31), 2 ** 31 - 1) if dtype == np.int32 else st.floats(width=32, allow_nan=False)
+    features = np.array(draw(st.lists(st.lists(elements, min_size=width, max_size=width), min_size=n, max_size=n)),
+                        dtype=dtype).reshape(n, width)
+    if sparse and width:
+        rows, cols = np.nonzero(features)
+        indptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=n))))
+        features = SparseBatch(indptr, cols, features[rows, cols], features.shape)
+    labels = np.array(draw(st.lists(st.integers(0, 300), min_size=n, max_size=n)), dtype=np.float32)
+    records = encode_recordio_protobuf(features, labels)
+    for _ in range(draw(st.integers(0, 2))):
+        i = draw(st.integers(0, n - 1))
+        rec = bytearray(records[i])
+        if draw(st.booleans()) and rec:
+            rec[draw(st.integers(0, len(rec) - 1))] ^= draw(st.integers(1, 255))
+        else:
+            del rec[draw(st.integers(0, len(rec))):]
+        records[i] = bytes(rec)
+    names = ((1, b"values"), (2, b"values"), (1, b"absent"))
+    kinds = ({np.float32: 2, np.float64: 3, np.int32: 7}[dtype], 2, draw(st.sampled_from([2, 3, 7, 9])))
+    return records, names, kinds
+
+
+def _run(fn, records, names, kinds):
+    try:
+        return fn(records, names, kinds)
+    except WireError as exc:
+        return ("error", exc.message, exc.index, exc.field)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=200)
+@given(record_batches())
+def test_vectorised_path_equals_reference_parser(batch):
+    records, names, kinds = batch
+    want = _run(parse_recordio_protobuf, records, names, kinds)
+    got = _run(parse_recordio_protobuf_fast, records, names, kinds)
+    if want[0] == "error":
+        assert got == want
+        return
+    for mine, ref in zip(got, want):
+        if isinstance(ref, list):
+            for a, b in zip(mine, ref):
+                if isinstance(b, list):
+                    assert list(a) == b
+                else:
+                    assert a.dtype == b.dtype
+                    np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_array_equal(mine, ref)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.binary(max_size=80), min_size=1, max_size=10), st.booleans())
+def test_garbage_gives_values_or_decode_error(records, prime_with_valid):
+    decoder = RecordIOProtobuf()
+    if prime_with_valid:
+        decoder.decode_batch(encode_recordio_protobuf(np.ones((1, 2), np.float32), np.ones(1)))
+    try:
+        out = decoder.decode_batch(records, source="junk", first_index=10)
+    except DecodeError as err:
+        assert err.source == "junk"
+        assert err.record_index is None or 10 <= err.record_index < 10 + len(records)
+    else:
+        assert all(len(v) == len(records) for v in out.values())

@@ -1,0 +1,196 @@
+"""The tf.data adapter: exact element specs, the same batches as numpy, epochs, sharding by input
+context, Keras.
+
+The only test module that imports TensorFlow (the torch tests fork DataLoader workers only in
+fresh interpreters, so this import cannot deadlock them).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import streamio  # noqa: E402
+from streamio.decoders import (Example, FixedLen, RecordIOProtobuf, SparseBatch,  # noqa: E402
+                               VarLen, encode_recordio_protobuf)
+from streamio.demo import encode_example  # noqa: E402
+from streamio.errors import UsageError  # noqa: E402
+from streamio.pipeline import Dataset  # noqa: E402
+
+DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32"),
+                   "tags": VarLen("int64"), "name": FixedLen([], "bytes")})
+RECORDS = 150
+
+
+@pytest.fixture
+def parts(tmp_path):
+    paths, first = [], 0
+    for k, n in enumerate([40, 25, 60, 25]):
+        path = str(tmp_path / f"part-{k}.tfrecord")
+        streamio.write_records(path, "tfrecord", (
+            encode_example({"id": i, "x": np.full(4, i / 10, np.float32),
+                            "tags": np.arange(i % 5, dtype=np.int64), "name": b"n%d" % i})
+            for i in range(first, first + n)))
+        paths.append(path)
+        first += n
+    return paths
+
+
+def ids_of(tfds):
+    return [int(i) for batch in tfds for i in batch["id"].numpy()]
+
+
+def test_element_spec_comes_from_the_decoder(parts):
+    tfds = Dataset(parts, "tfrecord", decoder=DECODER).batch(16).to_tf()
+    assert tfds.element_spec == {
+        "id": tf.TensorSpec((None,), tf.int64),
+        "x": tf.TensorSpec((None, 4), tf.float32),
+        "tags": tf.TensorSpec((None, None), tf.int64),
+        "tags_len": tf.TensorSpec((None,), tf.int64),
+        "name": tf.TensorSpec((None,), tf.string),
+    }
+
+
+def test_batches_equal_the_numpy_batches(parts):
+    ds = Dataset(parts, "tfrecord", decoder=DECODER).shuffle(64, seed=3).batch(16)
+    expected = list(ds)  # the Dataset's own epoch 0
+    got = list(ds.to_tf())  # the tf.data Dataset's first iteration: epoch 0 too
+    assert len(got) == len(expected) == 10
+    for a, b in zip(got, expected):
+        assert set(a) == set(b)
+        for name in ("id", "x", "tags", "tags_len"):
+            assert a[name].dtype.as_numpy_dtype == b[name].dtype
+            np.testing.assert_array_equal(a[name].numpy(), b[name])
+        assert a["name"].numpy().tolist() == b["name"].tolist()
+
+
+def test_each_iteration_is_an_epoch(parts):
+    tfds = Dataset(parts, "tfrecord", decoder=DECODER).shuffle(64, seed=3).batch(16).to_tf()
+    first, second = ids_of(tfds), ids_of(tfds)
+    assert sorted(first) == sorted(second) == list(range(RECORDS))
+    assert first != second
+    assert sorted(ids_of(tfds.repeat(2))) == sorted(list(range(RECORDS)) * 2)
+
+
+# Keras 3 warns at the end of the first epoch of any dataset of unknown length (it learns the
+# length then); a stream's length is unknown until it ends.
+@pytest.mark.filterwarnings("ignore:Your input ran out of data")
+def test_map_prefetch_and_keras_fit(parts):
+    ds = Dataset(parts, "tfrecord", decoder=DECODER).shuffle(64, seed=1).batch(10)
+    tfds = (ds.to_tf()
+            .map(lambda b: (b["x"], tf.cast(b["id"] % 2, tf.float32)),
+                 num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE))
+    assert tfds.element_spec == (tf.TensorSpec((None, 4), tf.float32),
+                                 tf.TensorSpec((None,), tf.float32))
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+    history = model.fit(tfds, epochs=2, verbose=0, shuffle=False)
+    losses = history.history["loss"]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+def test_sparse_recordio_protobuf_learns_its_spec_and_keeps_the_first_batch(tmp_path):
+    """RecordIO-protobuf decoders learn their outputs from the first record: to_tf() peeks it
+    from a Pipe mode channel without losing it and without taking an extra epoch."""
+    rng = np.random.default_rng(1)
+    dense = ((rng.random((100, 30)) < 0.15) * rng.random((100, 30))).astype(np.float32)
+    rows, cols = np.nonzero(dense)
+    sparse = SparseBatch(np.concatenate([[0], np.cumsum((dense != 0).sum(1))]), cols,
+                         dense[rows, cols], dense.shape)
+    path = str(tmp_path / "data.rec")
+    streamio.write_records(path, "recordio",
+                           encode_recordio_protobuf(sparse, np.arange(100, dtype=np.float32)))
+    prefix = str(tmp_path / "train")
+    writer = subprocess.Popen([sys.executable, "-m", "streamio", "serve-pipe", "--channel", prefix,
+                               "--epochs", "2", "--open-timeout", "30", path])
+    try:
+        channel = streamio.PipeChannel(prefix, open_timeout=30, read_timeout=30)
+        ds = Dataset(channel, "recordio", decoder=RecordIOProtobuf()).batch(32)
+        tfds = ds.to_tf()
+        assert tfds.element_spec == {"values": tf.SparseTensorSpec((None, 30), tf.float32),
+                                     "label_values": tf.TensorSpec((None, 1), tf.float32)}
+        for _ in range(2):  # two epochs: _0 (peeked) then _1
+            batches = list(tfds)
+            assert [b["values"].dense_shape.numpy()[0] for b in batches] == [32, 32, 32, 4]
+            got = tf.concat([tf.sparse.to_dense(b["values"]) for b in batches], 0).numpy()
+            np.testing.assert_array_equal(got, dense)
+            labels = np.concatenate([b["label_values"].numpy()[:, 0] for b in batches])
+            assert labels.tolist() == list(range(100))
+    finally:
+        assert writer.wait(timeout=30) == 0
+
+
+def test_raw_records_are_strings(parts):
+    batched = Dataset(parts[:1], "tfrecord").batch(16).to_tf()
+    assert batched.element_spec == tf.TensorSpec((None,), tf.string)
+    assert [len(b) for b in batched] == [16, 16, 8]
+    single = Dataset(parts[:1], "tfrecord", decoder=DECODER).to_tf()  # no batch(): raw records
+    assert single.element_spec == tf.TensorSpec((), tf.string)
+    assert len(list(single)) == 40
+
+
+@pytest.mark.parametrize("sources", [4, 1])
+def test_input_context_shards_exactly_once(parts, tmp_path, sources):
+    if sources == 1:  # one regular file: records are dealt round-robin
+        whole = tmp_path / "all.tfrecord"
+        whole.write_bytes(b"".join(open(p, "rb").read() for p in parts))
+        parts = [str(whole)]
+    ds = Dataset(parts, "tfrecord", decoder=DECODER).shuffle(32, seed=2).batch(8)
+    seen = []
+    for i in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
+                                         num_replicas_in_sync=2)
+        seen.append(ids_of(ds.to_tf(input_context=ctx)))
+    assert seen[0] and seen[1] and set(seen[0]).isdisjoint(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(RECORDS))
+
+
+def test_distribute_datasets_from_function(parts):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    ds = Dataset(parts, "tfrecord", decoder=DECODER).batch(25)
+    dist = strategy.distribute_datasets_from_function(
+        lambda ctx: ds.to_tf(input_context=ctx).map(lambda b: b["id"]))
+    seen = []
+    for batch in dist:
+        seen.extend(strategy.experimental_local_results(batch)[0].numpy().tolist())
+    assert sorted(seen) == list(range(RECORDS))
+
+
+def test_one_fifo_cannot_feed_two_input_pipelines(tmp_path):
+    path = str(tmp_path / "pipe")
+    os.mkfifo(path)
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
+    with pytest.raises(UsageError, match="single stream"):
+        Dataset(path, "tfrecord").batch(4).to_tf(input_context=ctx)
+
+
+def test_empty_stream_with_a_learnt_spec_is_a_usage_error():
+    with pytest.raises(UsageError, match="no records"):
+        Dataset(b"", "recordio", decoder=RecordIOProtobuf()).batch(4).to_tf()
+
+
+def test_bad_arguments(parts):
+    ds = Dataset(parts, "tfrecord").batch(4)
+    with pytest.raises(TypeError):
+        ds.to_tf(input_context="pipeline 0")
+    with pytest.raises(TypeError):
+        ds.to_tf(shards=2)
+
+
+def test_missing_tensorflow_names_the_pip_install():
+    code = ("import sys; sys.modules['tensorflow'] = None\n"
+            "from streamio.errors import MissingDependencyError\n"
+            "from streamio.pipeline import Dataset\n"
+            "try:\n    Dataset(b'', 'tfrecord').batch(2).to_tf()\n"
+            "except MissingDependencyError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install" in out.stdout and "tf" in out.stdout
