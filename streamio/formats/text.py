@@ -107,14 +107,18 @@ class TextRowFramer(FramerBase):
                 self._pending.append(b"\n")  # a line break inside a quoted field
                 self._pending_size += 1
                 continue
-            row = b"".join(self._pending)
-            self._pending, self._pending_size = [], 0
-            if row[-1:] == b"\r":
-                row = row[:-1]
-            if row or self.keep_blank:
-                out.append(row)
-                self.records += 1
+            self._end_row(out)
         return out
+
+    def _end_row(self, out: list) -> None:
+        """The pending pieces make a whole row: drop a CR before the LF, keep it if not blank."""
+        row = b"".join(self._pending)
+        self._pending, self._pending_size = [], 0
+        if row[-1:] == b"\r":
+            row = row[:-1]
+        if row or self.keep_blank:
+            out.append(row)
+            self.records += 1
 
     def _oversized(self, out: list) -> bool:
         err = self._fault(RecordTooLargeError,
@@ -144,11 +148,5 @@ class TextRowFramer(FramerBase):
             self._skip(err, nbytes)
             return out
         if self._pending:
-            row = b"".join(self._pending)
-            self._pending, self._pending_size = [], 0
-            if row[-1:] == b"\r":
-                row = row[:-1]
-            if row or self.keep_blank:
-                out.append(row)
-                self.records += 1
+            self._end_row(out)
         return out
