@@ -30,7 +30,8 @@ setup(
         "s3": ["smart-open[s3]>=6"],
         "gcs": ["smart-open[gcs]>=6"],
         "bench": ["pandas", "tfrecord"],
-        "dev": ["pytest>=7", "hypothesis>=6", "pandas", "tfrecord", "boto3", "moto[server]>=5"],
+        "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
+                "moto[server]>=5"],
     },
     entry_points={"console_scripts": ["streamio=streamio.cli:main"]},
 )

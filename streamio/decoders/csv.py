@@ -480,6 +480,8 @@ class Csv:
 
 def _loadtxt(rows: List[bytes], plan: "_Plan", delimiter: str, every_column: bool
              ) -> Optional[np.ndarray]:
+    if not all(rows):
+        return None  # an empty row (one missing value): loadtxt would warn and skip it
     try:
         return np.loadtxt(rows, dtype=plan.fast_dtype, delimiter=delimiter, quotechar=None,
                           comments=None, ndmin=1 if plan.fast_dtype.names else 2,
