@@ -1705,13 +1705,13 @@ static int tensor_values(const unsigned char *b, int kind, const span_vec *tenso
     return 0;
 }
 
-/* The record the reference's _first_bad_owner names: for each stream the first piece that does
- * not decode as packed varints on its own, the smallest of their records. Like the reference it
- * looks at the value pieces of every kind (float and bytes values included). */
-static Py_ssize_t first_bad_owner(const record_set *rs, const tensor_pieces *t)
+/* The record the reference's _first_bad_owner names: for each varint stream (the values only for
+ * int32 tensors; keys; shape) the first piece that does not decode as packed varints on its own,
+ * the smallest of their records. */
+static Py_ssize_t first_bad_owner(const record_set *rs, const tensor_pieces *t, int kind)
 {
     Py_ssize_t best = -1;
-    for (int st = 0; st < 3; st++) {
+    for (int st = kind == RKIND_INT32 ? 0 : 1; st < 3; st++) {
         const piece_vec *v = &t->stream[st];
         for (Py_ssize_t k = 0; k < v->n; k++) {
             const unsigned char *p = rs->data[v->items[k].rec] + v->items[k].start;
@@ -1906,7 +1906,7 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             if (check_varint_pieces(&rs, &pieces[j].stream[st], &message, &owner) < 0) {
                 PyObject *field = recordio_field_name(PySequence_Fast_GET_ITEM(names_seq, j));
                 if (field != NULL)
-                    raise_wire_error(message, first_bad_owner(&rs, &pieces[j]), field);
+                    raise_wire_error(message, first_bad_owner(&rs, &pieces[j], kinds[j]), field);
                 Py_XDECREF(field);
                 goto done;
             }

@@ -348,3 +348,23 @@ def test_garbage_gives_values_or_decode_error(records, prime_with_valid):
         assert err.record_index is None or 10 <= err.record_index < 10 + len(records)
     else:
         assert all(len(v) == len(records) for v in out.values())
+
+
+@pytest.mark.parametrize("accelerate", [True, False])
+def test_bad_keys_name_their_own_record_not_an_earlier_negative_float(accelerate, monkeypatch):
+    # float32 -1.0 ends in byte 0xBF, which would look like an unfinished varint if float values
+    # were (wrongly) checked as varints when looking for the faulty record.
+    from streamio import SparseBatch, errors
+    from streamio.decoders import RecordIOProtobuf, encode_recordio_protobuf
+    from streamio.decoders import recordio_protobuf as rp
+
+    if not accelerate:
+        monkeypatch.setattr(rp, "_c_parse_recordio_protobuf", None)
+    csr = SparseBatch(indptr=np.array([0, 1, 2]), indices=np.array([3, 300]),
+                      values=np.array([-1.0, -1.0], dtype=np.float32), shape=(2, 400))
+    good, bad = encode_recordio_protobuf(csr)
+    assert bad.count(b"\xac\x02") == 1  # key 300 as a varint
+    bad = bad.replace(b"\xac\x02", b"\xac\x82")  # now the varint runs past its piece
+    with pytest.raises(errors.DecodeError) as info:
+        RecordIOProtobuf().decode_batch([good, bad], source="s", first_index=10)
+    assert info.value.record_index == 11 and info.value.field == "values"

@@ -38,6 +38,11 @@ from ._wire import WireError, decode_packed_varints, read_len, read_varint, _ski
 from .sparse import SparseBatch
 from .spec import FieldSpec
 
+try:  # the C kernel (streamio/_speedups.c); tests/test_speedups.py holds it to parse_examples
+    from .._speedups import parse_examples as _c_parse_examples
+except ImportError:  # pragma: no cover - depends on the build
+    _c_parse_examples = None
+
 __all__ = [
     "Example",
     "FixedLen",
@@ -864,7 +869,8 @@ class Example:
                      first_index: int = 0) -> Dict[str, Union[np.ndarray, SparseBatch]]:
         where = _Where(source, first_index)
         try:
-            values, counts = parse_examples_fast(records, self._names, self._kinds)
+            parse = _c_parse_examples or parse_examples_fast
+            values, counts = parse(records, self._names, self._kinds)
         except WireError as exc:
             raise where.error(f"not a valid tf.train.Example: {exc.message}", exc.index, exc.field) from None
         out: Dict[str, Union[np.ndarray, SparseBatch]] = {}

@@ -35,6 +35,11 @@ from .example import (_MIN_GROUP, FixedLen, SkeletonLayout, VarLen, _merge, _rea
 from .sparse import SparseBatch
 from .spec import FieldSpec
 
+try:  # the C kernel (streamio/_speedups.c); tests/test_speedups.py holds it to the reference
+    from .._speedups import parse_recordio_protobuf as _c_parse_recordio_protobuf
+except ImportError:  # pragma: no cover - depends on the build
+    _c_parse_recordio_protobuf = None
+
 __all__ = ["RecordIOProtobuf", "encode_recordio_protobuf", "parse_recordio_protobuf",
            "parse_recordio_protobuf_fast"]
 
@@ -237,7 +242,7 @@ def parse_recordio_protobuf(records: Sequence[bytes], names: Tuple[_Name, ...],
             key_flat, key_counts[:, j] = _varints(c.keys, c.key_owner, nrec)
             shape_flat, shape_counts[:, j] = _varints(c.shape, c.shape_owner, nrec)
         except WireError as exc:
-            raise WireError(exc.message, _first_bad_owner(c), _field_name(names[j])) from None
+            raise WireError(exc.message, _first_bad_owner(c, kind), _field_name(names[j])) from None
         rows = np.array(c.present, dtype=np.int64)
         counts[rows, j] = per_record[rows]
         values.append(flat)
@@ -357,9 +362,13 @@ def parse_recordio_protobuf_fast(records: Sequence[bytes], names: Tuple[_Name, .
     return tuple(merged)
 
 
-def _first_bad_owner(c: _Collected) -> Optional[int]:
+def _first_bad_owner(c: _Collected, kind: int) -> Optional[int]:
+    """The first record whose varint pieces (int32 values, keys, shape) do not decode."""
     bad = []
-    for pieces, owners in ((c.values, c.value_owner), (c.keys, c.key_owner), (c.shape, c.shape_owner)):
+    streams = [(c.keys, c.key_owner), (c.shape, c.shape_owner)]
+    if kind == KIND_INT32:  # float and bytes values are not varints
+        streams.insert(0, (c.values, c.value_owner))
+    for pieces, owners in streams:
         for piece, owner in zip(pieces, owners):
             try:
                 decode_packed_varints([piece])
@@ -566,7 +575,8 @@ class RecordIOProtobuf:
                 return {}
             self._prime(records[0], where)
         try:
-            values, counts, keys, key_counts, shapes, shape_counts = parse_recordio_protobuf_fast(
+            parse = _c_parse_recordio_protobuf or parse_recordio_protobuf_fast
+            values, counts, keys, key_counts, shapes, shape_counts = parse(
                 records, self._names, self._kinds)
         except WireError as exc:
             raise where.error(f"not a valid RecordIO-protobuf Record: {exc.message}",

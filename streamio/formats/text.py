@@ -50,17 +50,22 @@ class TextRowFramer(FramerBase):
         pieces = data.split(b"\n")
         out: list[bytes] = []
         quote = self._quote
-        if (not self._pending and not self._dropping and len(pieces) > 1
-                and (quote is None or quote not in data)):
-            # Fast path: no row carried over and no quotes, so every LF ends a row.
+        limit = self.max_record_size
+        if (not self._dropping and not self._odd and len(pieces) > 1
+                and (quote is None or quote not in data)
+                and self._pending_size + len(pieces[0]) <= limit
+                and (len(data) <= limit or max(map(len, pieces)) <= limit)):
+            # Fast path: no quotes in this chunk, so every LF ends a row. A row carried over
+            # from the previous chunk (its quotes balanced: not _odd) ends at the first LF; a
+            # chunk no longer than max_record_size cannot hold an oversized row.
+            if self._pending:
+                pieces[0] = b"".join(self._pending) + pieces[0]
+                self._pending, self._pending_size = [], 0
             last = pieces.pop()
-            if b"\r" in data:
+            if b"\r" in data or pieces[0][-1:] == b"\r":
                 pieces = [p[:-1] if p[-1:] == b"\r" else p for p in pieces]
-            if not self.keep_blank:
+            if not self.keep_blank and not all(pieces):
                 pieces = [p for p in pieces if p]
-            too_big = self.max_record_size
-            if pieces and max(map(len, pieces)) > too_big:
-                return self._slow(data.split(b"\n"), start, out)
             out = pieces
             self.records += len(out)
             self._row_start = self._fed - len(last)
