@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import errors
 from .decoders import (Csv, Example, FieldSpec, FixedLen, RecordIOProtobuf, SequenceExample,
-                       SparseBatch, VarLen)
+                       SparseBatch, VarLen, encode_example)
 from .errors import (CorruptRecordError, DecodeError, FormatError, MissingDependencyError,
                      RecordTooLargeError, SourceError, StreamioError, TruncatedStreamError,
                      UsageError)
@@ -40,6 +40,7 @@ __all__ = [
     "TruncatedStreamError",
     "UsageError",
     "VarLen",
+    "encode_example",
     "errors",
     "read_records",
     "write_recordio_protobuf",

@@ -49,6 +49,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from .decoders._wire import len_field
+
 __all__ = ["BenchConfig", "main", "run_benchmark"]
 
 # -- defaults: a few minutes in all on a 2-core machine ------------------------------------------
@@ -285,20 +287,6 @@ class Workload:
     meta: dict = field(default_factory=dict)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _ld(field_number: int, payload: bytes) -> bytes:
-    """A protobuf length-delimited field."""
-    return _varint(field_number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def _template_rows(n: int, parts: list, fills: dict) -> np.ndarray:
     """Rows of identical layout: ``parts`` (bytes, or a fill name) joined; ``fills`` (n, k) uint8."""
     width = sum(len(p) if isinstance(p, bytes) else fills[p].shape[1] for p in parts)
@@ -340,11 +328,11 @@ def example_payloads(n: int, rng: np.random.Generator) -> tuple:
     x = rng.standard_normal((n, EXAMPLE_FLOATS), dtype=np.float32)
     label = rng.integers(0, 10, n, dtype=np.int64)
     marker = b"\0" * (4 * EXAMPLE_FLOATS)  # the only run of 128 zero bytes in the message
-    float_list = _ld(1, marker)  # FloatList { repeated float value = 1 [packed] }
-    int64_list = _ld(1, b"\0")  # Int64List { repeated int64 value = 1 [packed] }
-    entry_x = _ld(1, b"x") + _ld(2, _ld(2, float_list))  # Feature.float_list = 2
-    entry_label = _ld(1, b"label") + _ld(2, _ld(3, int64_list))  # Feature.int64_list = 3
-    example = _ld(1, _ld(1, entry_x) + _ld(1, entry_label))  # Example.features, Features.feature
+    float_list = len_field(1, marker)  # FloatList { repeated float value = 1 [packed] }
+    int64_list = len_field(1, b"\0")  # Int64List { repeated int64 value = 1 [packed] }
+    entry_x = len_field(1, b"x") + len_field(2, len_field(2, float_list))  # Feature.float_list = 2
+    entry_label = len_field(1, b"label") + len_field(2, len_field(3, int64_list))  # Feature.int64_list = 3
+    example = len_field(1, len_field(1, entry_x) + len_field(1, entry_label))  # Example.features, Features.feature
     i = example.index(marker)
     # The label's one varint byte is the last byte of the message (its entry comes last).
     parts = [example[:i], "x", example[i + len(marker):-1], "label"]
@@ -362,8 +350,8 @@ def recordio_protobuf_payloads(n: int, rng: np.random.Generator) -> tuple:
     x = rng.standard_normal((n, RECORDIO_FEATURES), dtype=np.float32)
     label = rng.integers(0, 2, n).astype(np.float32)
     mx, ml = b"\1" * (4 * RECORDIO_FEATURES), b"\2" * 4
-    feat = _ld(1, _ld(1, b"values") + _ld(2, _ld(2, _ld(1, mx))))
-    lab = _ld(2, _ld(1, b"values") + _ld(2, _ld(2, _ld(1, ml))))
+    feat = len_field(1, len_field(1, b"values") + len_field(2, len_field(2, len_field(1, mx))))
+    lab = len_field(2, len_field(1, b"values") + len_field(2, len_field(2, len_field(1, ml))))
     record = feat + lab
     i = record.index(mx)
     j = record.index(ml)

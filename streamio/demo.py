@@ -21,13 +21,14 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .decoders.example import encode_example
 from .errors import SourceError, require
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_EPOCHS", "DEFAULT_RECORDS", "encode_example",
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_EPOCHS", "DEFAULT_RECORDS",
            "make_demo_data", "run_demo"]
 
 DEFAULT_EPOCHS = 2
@@ -42,54 +43,6 @@ FEATURES = 16
 _FRAMEWORKS = ("torch", "tf")
 #: How long the writer process waits for the training loop to open each epoch's FIFO.
 _SERVE_OPEN_TIMEOUT = 60.0
-
-
-# -- tf.train.Example without TensorFlow ----------------------------------------------------------
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # int64 values are encoded as their two's complement (10 bytes if < 0)
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def encode_example(features: Mapping[str, Any]) -> bytes:
-    """Serialize a ``tf.train.Example`` (tensorflow/core/example/example.proto).
-
-    Values: floats (a float, a list of floats, a float numpy array) -> ``float_list``; ints ->
-    ``int64_list``; ``bytes``/``str`` or a list of them -> ``bytes_list``. Wire layout:
-    ``Example{features=1: Features{feature=1: map<string, Feature>}}``, each map entry
-    ``{key=1, value=2}``, ``Feature{bytes_list=1 | float_list=2 | int64_list=3}``, each list
-    ``{value=1}`` (numbers packed).
-    """
-    entries = []
-    for name, value in features.items():
-        if isinstance(value, (bytes, str)):
-            value = [value]
-        array = np.asarray(value)
-        if array.ndim == 0:
-            array = array.reshape(1)
-        if array.dtype.kind in "OSU":
-            items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.ravel()]
-            feature = _field(1, b"".join(_field(1, v) for v in items))
-        elif array.dtype.kind == "f":
-            feature = _field(2, _field(1, array.astype("<f4").tobytes()))
-        elif array.dtype.kind in "iub":
-            feature = _field(3, _field(1, b"".join(_varint(int(v)) for v in array.ravel())))
-        else:
-            raise TypeError(f"feature {name!r}: cannot encode values of dtype {array.dtype}")
-        entries.append(_field(1, _field(1, name.encode("utf-8")) + _field(2, feature)))
-    return _field(1, b"".join(entries))
 
 
 def make_demo_data(path: str, *, records: int = DEFAULT_RECORDS, seed: int = DEFAULT_SEED) -> None:

@@ -479,3 +479,19 @@ def test_garbage_gives_values_or_decode_error(records, first_index):
             assert err.record_index is None or first_index <= err.record_index < first_index + len(records)
         else:
             assert all(len(v) == len(records) for v in out.values())
+
+
+def test_encode_example_round_trips_every_feature_kind():
+    from streamio import encode_example
+
+    rows = [{"f": [1.5, -2.0], "i": [3, -4], "b": [b"x", "y"], "s": 7},
+            {"f": np.array([0.25, 8.0], dtype=np.float64), "i": np.array([-1, 2**40]), "b": b"z",
+             "s": True}]
+    decoder = Example({"f": FixedLen([2], "float32"), "i": FixedLen([2], "int64"),
+                       "b": VarLen("bytes"), "s": FixedLen([], "int64")})
+    batch = decoder.decode_batch([encode_example(r) for r in rows])
+    np.testing.assert_array_equal(batch["f"], [[1.5, -2.0], [0.25, 8.0]])
+    np.testing.assert_array_equal(batch["i"], [[3, -4], [-1, 2**40]])
+    assert batch["b"].tolist() == [[b"x", b"y"], [b"z", b""]]
+    np.testing.assert_array_equal(batch["b_len"], [2, 1])
+    np.testing.assert_array_equal(batch["s"], [7, 1])

@@ -19,7 +19,7 @@ tf = pytest.importorskip("tensorflow")
 import streamio  # noqa: E402
 from streamio.decoders import (Example, FixedLen, RecordIOProtobuf, SparseBatch,  # noqa: E402
                                VarLen, encode_recordio_protobuf)
-from streamio.demo import encode_example  # noqa: E402
+from streamio.decoders import encode_example  # noqa: E402
 from streamio.errors import UsageError  # noqa: E402
 from streamio.pipeline import Dataset  # noqa: E402
 

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 import streamio  # noqa: E402
 from streamio.decoders import (Example, FixedLen, RecordIOProtobuf, SparseBatch,  # noqa: E402
                                VarLen, encode_recordio_protobuf)
-from streamio.demo import encode_example  # noqa: E402
+from streamio.decoders import encode_example  # noqa: E402
 from streamio.errors import MissingDependencyError, UsageError  # noqa: E402
 from streamio.pipeline import Dataset  # noqa: E402
 from streamio.torch import convert_batch, even_batches, to_device, to_torch  # noqa: E402

@@ -8,7 +8,7 @@ picklable and cheap to copy, so DataLoader workers can each hold one.
 """
 
 from .csv import Csv
-from .example import Example, FixedLen, SequenceExample, VarLen
+from .example import Example, FixedLen, SequenceExample, VarLen, encode_example
 from .recordio_protobuf import RecordIOProtobuf, encode_recordio_protobuf
 from .sparse import SparseBatch
 from .spec import FieldSpec
@@ -22,5 +22,6 @@ __all__ = [
     "SequenceExample",
     "SparseBatch",
     "VarLen",
+    "encode_example",
     "encode_recordio_protobuf",
 ]

@@ -34,7 +34,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..errors import DecodeError
-from ._wire import WireError, decode_packed_varints, read_len, read_varint, _skip_value
+from ._wire import (WireError, _skip_value, decode_packed_varints, encode_packed_varints,
+                    len_field, read_len, read_varint)
 from .sparse import SparseBatch
 from .spec import FieldSpec
 
@@ -46,6 +47,7 @@ except ImportError:  # pragma: no cover - depends on the build
 __all__ = [
     "Example",
     "FixedLen",
+    "encode_example",
     "SequenceExample",
     "VarLen",
     "parse_examples",
@@ -972,3 +974,32 @@ def _sequence_column(name: str, spec: Union[FixedLen, VarLen], values: Any, step
     step_len[step_mask] = step_counts
     out[np.arange(width) < step_len[:, :, None]] = flat
     return {name: out, name + "_len": steps, name + "_step_len": step_len}
+
+
+def encode_example(features: Mapping[str, Any]) -> bytes:
+    """Serialize one ``tf.train.Example`` without TensorFlow (the inverse of :class:`Example`).
+
+    Values: floats (a float, a list, a float numpy array) -> ``float_list``; ints or bools ->
+    ``int64_list``; ``bytes``/``str`` or a list of them -> ``bytes_list``. Wire layout
+    (tensorflow/core/example/example.proto): ``Example{features=1: Features{feature=1:
+    map<string, Feature>}}``, each map entry ``{key=1, value=2}``, ``Feature{bytes_list=1 |
+    float_list=2 | int64_list=3}``, each list ``{value=1}``, numbers packed.
+    """
+    entries = []
+    for name, value in features.items():
+        if isinstance(value, (bytes, str)):
+            value = [value]
+        array = np.asarray(value)
+        if array.ndim == 0:
+            array = array.reshape(1)
+        if array.dtype.kind in "OSU":
+            items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.ravel()]
+            feature = len_field(1, b"".join(len_field(1, v) for v in items))
+        elif array.dtype.kind == "f":
+            feature = len_field(2, len_field(1, array.astype("<f4").tobytes()))
+        elif array.dtype.kind in "iub":
+            feature = len_field(3, len_field(1, encode_packed_varints(array.astype(np.int64))))
+        else:
+            raise TypeError(f"feature {name!r}: cannot encode values of dtype {array.dtype}")
+        entries.append(len_field(1, len_field(1, name.encode("utf-8")) + len_field(2, feature)))
+    return len_field(1, b"".join(entries))

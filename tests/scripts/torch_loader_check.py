@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 import streamio
 from streamio.decoders import Example, FixedLen
-from streamio.demo import encode_example
+from streamio.decoders import encode_example
 from streamio.pipeline import Dataset
 from streamio.torch import to_device
 
