@@ -9,6 +9,7 @@
  *   parse_recordio_protobuf           streamio/decoders/recordio_protobuf.py
  *   parse_csv_floats                  numpy.loadtxt (the CSV decoder's fast path)
  *   shuffle_exchange                  streamio/pipeline/shuffle.py (_ExchangePlan)
+ *   shuffle_exchange_int64            streamio/pipeline/shuffle.py (_ExchangePlan, ids and sizes)
  *   crc32c, crc32c_portable           the crc32c package
  *
  * CRC-32C (Castagnoli, reflected polynomial 0x82F63B78):
@@ -800,6 +801,25 @@ static inline void prefetch_record(const record_set *rs, Py_ssize_t i)
 #endif
 }
 
+/* Batches of at least this many records are parsed with the GIL released: the record loop is
+ * pure C over buffers we hold references to, so another thread (a prefetch producer reading and
+ * shuffling the next batch, or a training step) runs meanwhile on a second core. Below it the
+ * release is not worth it: taking the GIL back can wait for another thread's switch interval. */
+#define GIL_RELEASE_MIN_RECORDS 32
+
+/* Before the GIL is released, hold the records in a tuple of our own: the caller's list could
+ * be changed by another thread meanwhile, dropping a bytes object whose buffer we are reading. */
+static int records_pin(record_set *rs)
+{
+    if (!PyList_Check(rs->seq))
+        return 0;
+    PyObject *pinned = PyList_AsTuple(rs->seq);
+    if (pinned == NULL)
+        return -1;
+    Py_SETREF(rs->seq, pinned);
+    return 0;
+}
+
 typedef struct {
     Py_ssize_t rec, start, len;
 } piece;
@@ -813,11 +833,9 @@ static int pv_push(piece_vec *v, Py_ssize_t rec, Py_ssize_t start, Py_ssize_t le
 {
     if (v->n == v->cap) {
         Py_ssize_t cap = v->cap ? 2 * v->cap : 64;
-        piece *items = PyMem_Realloc(v->items, cap * sizeof(piece));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
+        piece *items = PyMem_RawRealloc(v->items, cap * sizeof(piece));
+        if (items == NULL)
+            return -1; /* the caller sets MemoryError once it holds the GIL again */
         v->items = items;
         v->cap = cap;
     }
@@ -841,11 +859,9 @@ static int sv_push(span_vec *v, Py_ssize_t start, Py_ssize_t stop)
 {
     if (v->n == v->cap) {
         Py_ssize_t cap = v->cap ? 2 * v->cap : 32;
-        span *items = PyMem_Realloc(v->items, cap * sizeof(span));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
+        span *items = PyMem_RawRealloc(v->items, cap * sizeof(span));
+        if (items == NULL)
+            return -1; /* the caller sets MemoryError once it holds the GIL again */
         v->items = items;
         v->cap = cap;
     }
@@ -1045,7 +1061,7 @@ static int map_entry(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, Py_
                 *key_start = start;
                 *key_len = stop - start;
             } else if (sv_push(values, start, stop) < 0) {
-                return -2; /* a Python error (memory) is set */
+                return -2; /* out of memory: the caller raises MemoryError with the GIL */
             }
         } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
             return -1;
@@ -1086,7 +1102,7 @@ static void found_release(found_set *f)
     PyMem_Free(f->first);
     PyMem_Free(f->count);
     PyMem_Free(f->order);
-    PyMem_Free(f->pool.items);
+    PyMem_RawFree(f->pool.items);
     memset(f, 0, sizeof(*f));
 }
 
@@ -1401,8 +1417,9 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
     int *kinds = NULL;
     int64_t *counts = NULL;
     wire_err err;
-    Py_ssize_t nf = 0, nrec;
-    int have_rs = 0, have_ix = 0, have_found = 0;
+    Py_ssize_t nf = 0, nrec, bad_i = -1, bad_j = -1;
+    int have_rs = 0, have_ix = 0, have_found = 0, release = 0, bad_rc = 0;
+    PyThreadState *tstate = NULL;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:parse_examples", kwlist, &records,
                                      &names_obj, &kinds_obj))
@@ -1452,6 +1469,13 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
     for (Py_ssize_t k = 0; k < nrec * nf; k++)
         counts[k] = -1;
 
+    release = nrec >= GIL_RELEASE_MIN_RECORDS;
+    if (release && records_pin(&rs) < 0)
+        goto done;
+    if (release)
+        tstate = PyEval_SaveThread();
+    /* No Python API in this loop (it may run without the GIL): a failure stops it with
+     * (bad_rc, bad_i, bad_j), and the error is raised below, with the GIL held again. */
     for (Py_ssize_t i = 0; i < nrec; i++) {
         const unsigned char *b = rs.data[i];
         Py_ssize_t end = rs.len[i], pos = 0, j = -1;
@@ -1497,15 +1521,27 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
             rc = list_values(b, kind, &lists, i, &pieces[j], &count, &err);
             counts[i * nf + j] = count;
         }
-        if (rc == -2)
-            goto done;
         if (rc < 0) {
-            PyObject *field = j >= 0 ? field_name(PySequence_Fast_GET_ITEM(names_seq, j)) : NULL;
-            if (j < 0 || field != NULL)
-                raise_wire_error(err.msg, i, field);
-            Py_XDECREF(field);
-            goto done;
+            bad_rc = rc;
+            bad_i = i;
+            bad_j = j;
+            break;
         }
+    }
+    if (tstate != NULL) {
+        PyEval_RestoreThread(tstate);
+        tstate = NULL;
+    }
+    if (bad_rc == -2) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (bad_rc < 0) {
+        PyObject *field = bad_j >= 0 ? field_name(PySequence_Fast_GET_ITEM(names_seq, bad_j)) : NULL;
+        if (bad_j < 0 || field != NULL)
+            raise_wire_error(err.msg, bad_i, field);
+        Py_XDECREF(field);
+        goto done;
     }
 
     values = PyList_New(nf);
@@ -1543,11 +1579,11 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
 done:
     if (pieces) {
         for (Py_ssize_t j = 0; j < nf; j++)
-            PyMem_Free(pieces[j].items);
+            PyMem_RawFree(pieces[j].items);
         PyMem_Free(pieces);
     }
-    PyMem_Free(top.items);
-    PyMem_Free(lists.items);
+    PyMem_RawFree(top.items);
+    PyMem_RawFree(lists.items);
     PyMem_Free(kinds);
     PyMem_Free(counts);
     if (have_found)
@@ -1758,8 +1794,9 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
     int *kinds = NULL;
     int64_t *counts[3] = {NULL, NULL, NULL};
     wire_err err;
-    Py_ssize_t nf = 0, nrec;
-    int have_rs = 0, have_ix = 0, have_found = 0;
+    Py_ssize_t nf = 0, nrec, bad_i = -1, bad_j = -1;
+    int have_rs = 0, have_ix = 0, have_found = 0, release = 0, bad_rc = 0;
+    PyThreadState *tstate = NULL;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:parse_recordio_protobuf", kwlist, &records,
                                      &names_obj, &kinds_obj))
@@ -1854,6 +1891,12 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             counts[st][k] = st == 0 ? -1 : 0;
     }
 
+    release = nrec >= GIL_RELEASE_MIN_RECORDS;
+    if (release && records_pin(&rs) < 0)
+        goto done;
+    if (release)
+        tstate = PyEval_SaveThread();
+    /* No Python API in this loop (it may run without the GIL): see parse_examples. */
     for (Py_ssize_t i = 0; i < nrec; i++) {
         const unsigned char *b = rs.data[i];
         span whole = {0, rs.len[i]};
@@ -1882,15 +1925,28 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             counts[1][i * nf + j] += c[1];
             counts[2][i * nf + j] += c[2];
         }
-        if (rc == -2)
-            goto done;
         if (rc < 0) {
-            PyObject *field = j >= 0 ? recordio_field_name(PySequence_Fast_GET_ITEM(names_seq, j)) : NULL;
-            if (j < 0 || field != NULL)
-                raise_wire_error(err.msg, i, field);
-            Py_XDECREF(field);
-            goto done;
+            bad_rc = rc;
+            bad_i = i;
+            bad_j = j;
+            break;
         }
+    }
+    if (tstate != NULL) {
+        PyEval_RestoreThread(tstate);
+        tstate = NULL;
+    }
+    if (bad_rc == -2) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (bad_rc < 0) {
+        PyObject *field = bad_j >= 0
+            ? recordio_field_name(PySequence_Fast_GET_ITEM(names_seq, bad_j)) : NULL;
+        if (bad_j < 0 || field != NULL)
+            raise_wire_error(err.msg, bad_i, field);
+        Py_XDECREF(field);
+        goto done;
     }
 
     for (int st = 0; st < 3; st++) {
@@ -1957,14 +2013,14 @@ done:
     if (pieces) {
         for (Py_ssize_t j = 0; j < nf; j++)
             for (int st = 0; st < 3; st++)
-                PyMem_Free(pieces[j].stream[st].items);
+                PyMem_RawFree(pieces[j].stream[st].items);
         PyMem_Free(pieces);
     }
     for (int st = 0; st < 3; st++) {
         PyMem_Free(counts[st]);
         Py_XDECREF(lists[st]);
     }
-    PyMem_Free(tensors.items);
+    PyMem_RawFree(tensors.items);
     PyMem_Free(kinds);
     PyMem_Free(keys);
     if (have_found)
@@ -2163,9 +2219,16 @@ static PyObject *py_parse_csv_floats(PyObject *self, PyObject *args, PyObject *k
     if (storage == NULL)
         goto done;
 
-    /* The rows are immutable bytes held by ``seq``: parse them without the GIL. Numbers that
-     * need the correctly rounding slow path are noted and converted afterwards, with it. */
-    Py_BEGIN_ALLOW_THREADS
+    /* The rows are immutable bytes held by ``seq`` (a tuple of our own, so that no other
+     * thread can drop one meanwhile): parse them without the GIL. Numbers that need the
+     * correctly rounding slow path are noted and converted afterwards, with it. */
+    if (PyList_Check(seq)) {
+        PyObject *pinned = PyList_AsTuple(seq);
+        if (pinned == NULL)
+            goto done;
+        Py_SETREF(seq, pinned);
+    }
+    PyThreadState *csv_state = nrows >= GIL_RELEASE_MIN_RECORDS ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t r = 0; r < nrows && verdict != NUM_BAD; r++) {
         const unsigned char *p = data[r], *stop = data[r] + lens[r];
         for (Py_ssize_t c = 0; c < ncols; c++) {
@@ -2217,7 +2280,8 @@ static PyObject *py_parse_csv_floats(PyObject *self, PyObject *args, PyObject *k
         if (verdict == -1)
             break;
     }
-    Py_END_ALLOW_THREADS
+    if (csv_state != NULL)
+        PyEval_RestoreThread(csv_state);
     if (verdict == -1) {
         PyErr_NoMemory();
         goto done;
@@ -2350,6 +2414,69 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(shuffle_exchange_int64_doc,
+"shuffle_exchange_int64(buf, slots, new, out) -> None\n\n"
+"shuffle_exchange for a parallel int64 array (the ids or sizes that travel with the items):\n"
+"for each j in order, out[j] = buf[slots[j]]; buf[slots[j]] = new[j]. All four are 1-D int64\n"
+"arrays; buf and out are written in place.");
+
+static int int64_vector(PyObject *obj, Py_buffer *view, int writable, const char *name)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS |
+                                          (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (view->ndim != 1 || view->itemsize != 8 || view->format == NULL ||
+        (strcmp(view->format, "l") != 0 && strcmp(view->format, "q") != 0 &&
+         strcmp(view->format, "<q") != 0 && strcmp(view->format, "=q") != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-D int64 array", name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_shuffle_exchange_int64(PyObject *self, PyObject *args)
+{
+    PyObject *objs[4];
+    Py_buffer views[4];
+    static const char *const names[4] = {"buf", "slots", "new", "out"};
+    PyObject *result = NULL;
+    memset(views, 0, sizeof(views));
+    if (!PyArg_ParseTuple(args, "OOOO:shuffle_exchange_int64", &objs[0], &objs[1], &objs[2],
+                          &objs[3]))
+        return NULL;
+    for (int v = 0; v < 4; v++)
+        if (int64_vector(objs[v], &views[v], v == 0 || v == 3, names[v]) < 0)
+            goto done;
+    Py_ssize_t n = views[0].len / 8, k = views[1].len / 8;
+    if (views[2].len / 8 != k || views[3].len / 8 != k) {
+        PyErr_SetString(PyExc_ValueError, "slots, new and out must have the same length");
+        goto done;
+    }
+    int64_t *buf = (int64_t *)views[0].buf, *out = (int64_t *)views[3].buf;
+    const int64_t *slots = (const int64_t *)views[1].buf, *news = (const int64_t *)views[2].buf;
+    for (Py_ssize_t j = 0; j < k; j++) { /* check first: a failure leaves buf untouched */
+        int64_t at = slots[j] < 0 ? slots[j] + n : slots[j];
+        if (at < 0 || at >= n) {
+            PyErr_Format(PyExc_IndexError, "slot %lld is out of bounds for a buffer of %zd",
+                         (long long)slots[j], n);
+            goto done;
+        }
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        int64_t at = slots[j] < 0 ? slots[j] + n : slots[j];
+        int64_t value = news[j]; /* read first: new and out may be the same array */
+        out[j] = buf[at];
+        buf[at] = value;
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int v = 0; v < 4; v++)
+        if (views[v].obj != NULL)
+            PyBuffer_Release(&views[v]);
+    return result;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * crc32c (exposed for tests and for callers that want the fast checksum)
  * ------------------------------------------------------------------------------------------- */
@@ -2412,6 +2539,8 @@ static PyMethodDef speedups_methods[] = {
     {"parse_csv_floats", (PyCFunction)(void (*)(void))py_parse_csv_floats,
      METH_VARARGS | METH_KEYWORDS, parse_csv_floats_doc},
     {"shuffle_exchange", py_shuffle_exchange, METH_VARARGS, shuffle_exchange_doc},
+    {"shuffle_exchange_int64", py_shuffle_exchange_int64, METH_VARARGS,
+     shuffle_exchange_int64_doc},
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
     {"crc32c_portable", py_crc32c_portable, METH_VARARGS, crc32c_portable_doc},
     {NULL, NULL, 0, NULL},

@@ -251,6 +251,56 @@ def test_an_accelerated_exchange_gives_the_same_orders(one_file, monkeypatch):
     assert run() == plain
 
 
+def test_ids_and_sizes_move_the_same_with_or_without_the_c_kernels(one_file, monkeypatch):
+    import streamio.pipeline.shuffle as shuffle_module
+
+    def run():
+        decoded = Dataset(one_file, "tfrecord", decoder=_FirstByte()).shuffle(
+            NUMPY_MIN_BUFFER, seed=3).batch(64)
+        orders = [[batch.tolist() for batch in decoded]]
+        buf = ShuffleBuffer(NUMPY_MIN_BUFFER, rng=np.random.default_rng(2), buffer_bytes=30000)
+        items = [rec(i, i % 13) for i in range(5000)]
+        out, out_ids = buf.push(items, np.arange(5000))
+        rest, rest_ids = buf.drain()
+        orders.append((out + rest, out_ids.tolist() + rest_ids.tolist()))
+        return orders
+
+    accelerated = run()
+    assert [rid(x) for x in accelerated[1][0]] == accelerated[1][1]  # ids travel with items
+    monkeypatch.setattr(shuffle_module, "_FAST_EXCHANGE", None)
+    monkeypatch.setattr(shuffle_module, "_FAST_EXCHANGE_INT64", None)
+    assert run() == accelerated
+
+
+def test_push_pieces_hands_out_what_push_does_in_the_same_order():
+    items = [rec(i, i % 7) for i in range(9000)]
+    for size, buffer_bytes, initial in [(NUMPY_MIN_BUFFER, None, None), (3000, 40000, 100),
+                                        (10, None, None)]:
+        whole = ShuffleBuffer(size, rng=np.random.default_rng(5), buffer_bytes=buffer_bytes,
+                              initial=initial)
+        pieces = ShuffleBuffer(size, rng=np.random.default_rng(5), buffer_bytes=buffer_bytes,
+                               initial=initial)
+        for start in range(0, 9000, 1234):
+            chunk, ids = items[start:start + 1234], np.arange(start, min(9000, start + 1234))
+            out, out_ids = whole.push(chunk, ids)
+            parts = pieces.push_pieces(chunk, ids)
+            assert all(part for part, _ in parts)  # no empty pieces
+            assert [x for part, _ in parts for x in part] == out
+            assert [int(i) for _, part_ids in parts for i in part_ids] == out_ids.tolist()
+            assert len(pieces) == len(whole)
+        assert pieces.drain()[0] == whole.drain()[0]
+
+
+class _FirstByte:
+    """A tiny decoder: a batch of records -> the record ids (so batches show their order)."""
+
+    def decode_batch(self, records, *, source=None, first_index=0):
+        return np.array([rid(r) for r in records])
+
+    def output_spec(self):
+        return None
+
+
 def test_the_c_exchange_kernel_matches_the_reference_when_built():
     speedups = pytest.importorskip("streamio._speedups")
     kernel = getattr(speedups, "shuffle_exchange", None)

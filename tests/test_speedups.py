@@ -835,3 +835,164 @@ def test_shuffle_exchange_rejects_bad_arguments_without_touching_the_buffer():
         speedups.shuffle_exchange(np.zeros(3), np.array([0]), ["x"])
     with pytest.raises(TypeError):
         speedups.shuffle_exchange(buf, np.array([0], dtype=np.int32), ["x"])
+
+
+@SLOW_OK
+@given(n=st.integers(1, 40), data=st.data())
+def test_shuffle_exchange_int64_equals_the_reference_plan(n, data):
+    import numpy as np
+
+    shuffle = pytest.importorskip("streamio.pipeline.shuffle")
+    if not hasattr(speedups, "shuffle_exchange_int64"):
+        pytest.skip("this build has no shuffle_exchange_int64 kernel")
+    slots = np.array(data.draw(st.lists(st.integers(-n, n - 1), max_size=60)), dtype=np.int64)
+    new = np.arange(1000, 1000 + len(slots), dtype=np.int64)
+    ref_buf = np.arange(n, dtype=np.int64)
+    c_buf = ref_buf.copy()
+    expected = shuffle._ExchangePlan(slots % n, n).apply(ref_buf, new)
+    out = np.full(len(slots), -1, dtype=np.int64)
+    assert speedups.shuffle_exchange_int64(c_buf, slots, new, out) is None
+    assert out.tolist() == expected.tolist()
+    assert c_buf.tolist() == ref_buf.tolist()
+
+
+def test_shuffle_exchange_int64_rejects_bad_arguments_without_touching_the_buffer():
+    import numpy as np
+
+    if not hasattr(speedups, "shuffle_exchange_int64"):
+        pytest.skip("this build has no shuffle_exchange_int64 kernel")
+    buf = np.arange(3, dtype=np.int64)
+    out = np.zeros(2, dtype=np.int64)
+    with pytest.raises(IndexError):
+        speedups.shuffle_exchange_int64(buf, np.array([0, 3]), np.array([7, 8]), out)
+    assert buf.tolist() == [0, 1, 2]
+    with pytest.raises(ValueError):
+        speedups.shuffle_exchange_int64(buf, np.array([0]), np.array([7, 8]), out)
+    with pytest.raises(TypeError):
+        speedups.shuffle_exchange_int64(buf, np.array([0, 1], dtype=np.int32), np.array([7, 8]),
+                                        out)
+    ro = np.arange(3, dtype=np.int64)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError):  # the buffer is written: numpy refuses a read-only one
+        speedups.shuffle_exchange_int64(ro, np.array([0, 1]), np.array([7, 8]), out)
+    assert buf.tolist() == [0, 1, 2]
+
+
+# --- decode kernels without the GIL ---------------------------------------------------------------
+
+def _runs_beside(call):
+    """Whether another Python thread got to run while ``call()`` was inside the C kernel.
+
+    The switch interval is raised so that the interpreter itself never takes the GIL from this
+    thread: the helper thread can only run if the kernel releases the GIL. The helper gives the
+    GIL back after each step (a short sleep), so the kernel can always take it again.
+    """
+    import sys
+    import threading
+    import time
+
+    steps = [0]
+    stop = threading.Event()
+
+    def helper():
+        while not stop.is_set():
+            steps[0] += 1
+            time.sleep(0.0002)
+
+    old = sys.getswitchinterval()
+    thread = threading.Thread(target=helper, daemon=True)
+    thread.start()
+    sys.setswitchinterval(30.0)
+    try:
+        for _ in range(20):  # the helper may be asleep during one call: it cannot be in all
+            before = steps[0]
+            call()
+            if steps[0] != before:
+                return True
+        return False
+    finally:
+        sys.setswitchinterval(old)
+        stop.set()
+        thread.join()
+
+
+def _example_of(i: int) -> bytes:
+    x = struct.pack("<4f", i, -i, 0.5, 1e9)
+    feature_x = _field(1, 2, b"x") + _field(2, 2, _field(2, 2, _field(1, 2, x)))
+    feature_y = _field(1, 2, b"y") + _field(2, 2, _field(3, 2, _field(1, 2, bytes([i % 100]))))
+    return _field(1, 2, _field(1, 2, feature_x) + _field(1, 2, feature_y))
+
+
+def test_parse_examples_lets_other_threads_run_on_large_batches():
+    reference = _example_reference()
+    records = [_example_of(i) for i in range(20_000)]
+    names, kinds = (b"x", b"y"), (2, 3)
+    assert _runs_beside(lambda: speedups.parse_examples(records, names, kinds))
+    # the same results as the reference, and errors named the same way from inside that loop
+    assert _outcome(speedups.parse_examples, records[:300], names, kinds) == \
+        _outcome(reference, records[:300], names, kinds)
+    bad = records[:300]
+    bad[250] = b"\x0a\x05ab"
+    expected = ("error", "length-delimited field runs past the end of its message", 250, None)
+    assert _outcome(speedups.parse_examples, bad, names, kinds) == expected
+    assert _outcome(reference, bad, names, kinds) == expected
+    wrong = records[:300]
+    wrong[299] = _field(1, 2, _field(1, 2, _field(1, 2, b"y") + _field(2, 2, _field(2, 2, b""))))
+    got = _outcome(speedups.parse_examples, wrong, names, kinds)
+    assert got == _outcome(reference, wrong, names, kinds)
+    assert got[2:] == (299, "y")
+
+
+def test_parse_recordio_protobuf_lets_other_threads_run_on_large_batches():
+    import numpy as np
+
+    reference = _protobuf_reference()
+    from streamio.decoders.recordio_protobuf import encode_recordio_protobuf
+
+    x = np.arange(20_000 * 8, dtype=np.float32).reshape(20_000, 8)
+    records = list(encode_recordio_protobuf(x, np.arange(20_000, dtype=np.float32)))
+    names, kinds = ((1, b"values"), (2, b"values")), (2, 2)
+    assert _runs_beside(lambda: speedups.parse_recordio_protobuf(records, names, kinds))
+    got = speedups.parse_recordio_protobuf(records, names, kinds)
+    np.testing.assert_array_equal(got[0][0].reshape(20_000, 8), x)
+    bad = records[:300]
+    bad[200] = b"\x0a\x05ab"
+    expected = ("error", "length-delimited field runs past the end of its message", 200, None)
+    assert _outcome(speedups.parse_recordio_protobuf, bad, names, kinds) == expected
+    assert _outcome(reference, bad, names, kinds) == expected
+
+
+def test_parse_csv_floats_lets_other_threads_run_on_large_batches():
+    rows = [b"%d,%d.25,-%d.5e3" % (i, i, i) for i in range(50_000)]
+    assert _runs_beside(lambda: speedups.parse_csv_floats(rows, 3))
+    got = speedups.parse_csv_floats(rows, 3, double=True)
+    assert got[12345].tolist() == [12345.0, 12345.25, -12345.5e3]
+
+
+def test_decode_kernels_read_a_list_another_thread_empties_meanwhile():
+    """The kernels parse a snapshot of the list: records dropped from it by another thread
+    while the GIL is released stay alive until the call returns."""
+    import threading
+
+    _example_reference()
+    names, kinds = (b"x", b"y"), (2, 3)
+    for _ in range(5):
+        records = [_example_of(i) for i in range(20_000)]
+        expected = speedups.parse_examples(list(records), names, kinds)
+        emptier = threading.Thread(target=records.clear)
+        results = []
+
+        def parse():
+            results.append(speedups.parse_examples(records, names, kinds))
+
+        parser = threading.Thread(target=parse)
+        parser.start()
+        emptier.start()
+        parser.join()
+        emptier.join()
+        got = results[0]
+        if got[1].shape[0] == 20_000:  # the parser saw the full list (the usual case)
+            assert got[1].tolist() == expected[1].tolist()
+            assert got[0][0].tobytes() == expected[0][0].tobytes()
+        else:  # the list was emptied before the call began
+            assert got[1].shape[0] == 0

@@ -519,9 +519,8 @@ class _EpochRun:
         track = self.track_ids and not batched
         try:
             for items, ids in blocks:
-                out, out_ids = buffer.push(items, ids)
-                if out:
-                    yield out, out_ids
+                # Piece by piece: joining them would copy every emitted (scattered) reference.
+                yield from buffer.push_pieces(items, ids)
             out, out_ids = buffer.drain()
             if out:
                 yield out, (out_ids if track else None)

@@ -172,8 +172,26 @@ class ShuffleBuffer:
         if not len(items):
             return [], (None if ids is None else np.zeros(0, np.int64))
         if self._numpy:
-            return self._push_numpy(items, ids)
+            emitted, emitted_ids = _concat(*self._push_numpy(items, ids))
+            return emitted, (emitted_ids if ids is not None else None)
         return self._push_python(items, ids)
+
+    def push_pieces(self, items: Sequence[Any],
+                    ids: Optional[Sequence[int]] = None) -> list[tuple[list, Any]]:
+        """:meth:`push`, with the emitted items as a list of ``(items, ids)`` pieces in order.
+
+        The same items in the same order; a caller that can take them piece by piece (the
+        pipeline) saves joining them: a copy that touches the reference count of every emitted
+        item, which after shuffling lie scattered in memory.
+        """
+        if not len(items):
+            return []
+        if not self._numpy:
+            return [self._push_python(items, ids)]
+        outs, out_ids = self._push_numpy(items, ids)
+        if ids is None:
+            return [(o, None) for o in outs if o]
+        return [(o, oi) for o, oi in zip(outs, out_ids) if o]
 
     def drain(self) -> tuple[list, Any]:
         """Everything still held, in random order (call once, at the end of the stream)."""
@@ -268,7 +286,8 @@ class ShuffleBuffer:
                 sizes[i] = last_size
 
     # -- numpy path: blocks of self._block arrivals ---------------------------------------------
-    def _push_numpy(self, items, ids) -> tuple[list, Any]:
+    def _push_numpy(self, items, ids) -> tuple[list, list]:
+        """Add ``items``; return the emitted pieces: a list of item lists and one of id arrays."""
         if ids is not None:
             self._track = True
             ids = np.asarray(ids, dtype=np.int64)
@@ -303,8 +322,7 @@ class ShuffleBuffer:
         self._staged_ids = pool_ids[start:].copy()  # not a view into the caller's array
         if self._block_bytes is not None:
             del self._staged_sizes[:start]
-        emitted, emitted_ids = _concat(out, out_ids)
-        return emitted, (emitted_ids if ids is not None else None)
+        return out, out_ids
 
     def _block_end(self, pool: list, start: int) -> int:
         """Where the next block of ``pool[start:]`` ends (0: not enough items yet).
@@ -362,22 +380,31 @@ class ShuffleBuffer:
         in turn, emit the item in a uniformly chosen slot and put the arrival there."""
         k = len(items)
         slots = self._rng.integers(0, self._n, size=k)
-        kernel = _FAST_EXCHANGE
         plan = None
-        if kernel is not None:
-            out = kernel(self._buf, slots, items)
+        if _FAST_EXCHANGE is not None:
+            out = _FAST_EXCHANGE(self._buf, slots, items)
         else:
             plan = _ExchangePlan(slots, self._n)
             out = plan.apply(self._buf, np.fromiter(items, dtype=object, count=k)).tolist()
-        if plan is None and (self._track or self._sizes is not None):
-            plan = _ExchangePlan(slots, self._n)  # ids and sizes move the same way
+        if _FAST_EXCHANGE_INT64 is not None:
+            def move(a: np.ndarray, new: np.ndarray) -> np.ndarray:
+                # ids and sizes move the same way, by the same loop in C: no sort of the slots.
+                emitted = np.empty(k, np.int64)
+                _FAST_EXCHANGE_INT64(a, slots, np.ascontiguousarray(new, np.int64), emitted)
+                return emitted
+        else:
+            def move(a: np.ndarray, new: np.ndarray) -> np.ndarray:
+                nonlocal plan
+                if plan is None:
+                    plan = _ExchangePlan(slots, self._n)
+                return plan.apply(a, new)
         out_ids = _NO_IDS
         if self._track:
             new_ids = ids if len(ids) else np.zeros(k, np.int64)
-            out_ids = plan.apply(self._ids, new_ids)
+            out_ids = move(self._ids, new_ids)
         sizes = self._sizes
         if sizes is not None:
-            emitted = plan.apply(sizes, np.asarray(item_sizes, dtype=np.int64))
+            emitted = move(sizes, np.asarray(item_sizes, dtype=np.int64))
             self._nbytes += sum(item_sizes) - int(emitted.sum())
             if self._nbytes > self._limit_bytes:
                 more, more_ids = self._remove_until_within_bytes()
@@ -466,16 +493,18 @@ class _ExchangePlan:
         return out
 
 
-def _fast_exchange_kernel() -> Optional[Callable[..., list]]:
+def _fast_exchange_kernel(name: str = "shuffle_exchange") -> Optional[Callable[..., Any]]:
     # The same loop in C, when the optional accelerator provides it: same slots, same result.
     try:
         from .. import _speedups
     except ImportError:
         return None
-    return getattr(_speedups, "shuffle_exchange", None)
+    return getattr(_speedups, name, None)
 
 
 _FAST_EXCHANGE = _fast_exchange_kernel()
+# Its int64 twin, for the ids and sizes that travel with the items.
+_FAST_EXCHANGE_INT64 = _fast_exchange_kernel("shuffle_exchange_int64")
 
 
 def _concat(outs: list, out_ids: list) -> tuple[list, np.ndarray]:
