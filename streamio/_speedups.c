@@ -174,129 +174,79 @@ static inline uint32_t crc_shift(uint32_t zeros[4][256], uint32_t crc)
            zeros[3][crc >> 24];
 }
 
-__attribute__((target("sse4.2")))
-static uint32_t crc32c_sse42(uint32_t crc, const unsigned char *p, size_t len)
+/* The 3-way interleaved SSE4.2 CRC-32C: three independent crc32 streams over consecutive blocks
+ * (long blocks, then short ones) hide the instruction's latency, and the zeros tables combine
+ * them. With dst != NULL the bytes are also copied to dst as they are read: one pass over a
+ * record's bytes checksums and stores it. always_inline: each wrapper below gets its own copy
+ * with dst known, so the copying and the plain loop compile as if written separately. */
+__attribute__((target("sse4.2"), always_inline))
+static inline uint32_t crc32c_sse42_body(uint32_t crc, unsigned char *dst, const unsigned char *p,
+                                         size_t len)
 {
-    uint64_t crc0 = ~crc & 0xFFFFFFFFu, crc1, crc2, word;
-    const unsigned char *stop;
+    uint64_t crc0 = ~crc & 0xFFFFFFFFu, w0, w1, w2;
     while (len && ((uintptr_t)p & 7)) {
+        if (dst)
+            *dst++ = *p;
         crc0 = _mm_crc32_u8((uint32_t)crc0, *p++);
         len--;
     }
-    while (len >= 3 * CRC_LONG) {
-        crc1 = crc2 = 0;
-        stop = p + CRC_LONG;
-        do {
-            memcpy(&word, p, 8);
-            crc0 = _mm_crc32_u64(crc0, word);
-            memcpy(&word, p + CRC_LONG, 8);
-            crc1 = _mm_crc32_u64(crc1, word);
-            memcpy(&word, p + 2 * CRC_LONG, 8);
-            crc2 = _mm_crc32_u64(crc2, word);
-            p += 8;
-        } while (p < stop);
-        crc0 = crc_shift(crc_long_zeros, (uint32_t)crc0) ^ crc1;
-        crc0 = crc_shift(crc_long_zeros, (uint32_t)crc0) ^ crc2;
-        p += 2 * CRC_LONG;
-        len -= 3 * CRC_LONG;
-    }
-    while (len >= 3 * CRC_SHORT) {
-        crc1 = crc2 = 0;
-        stop = p + CRC_SHORT;
-        do {
-            memcpy(&word, p, 8);
-            crc0 = _mm_crc32_u64(crc0, word);
-            memcpy(&word, p + CRC_SHORT, 8);
-            crc1 = _mm_crc32_u64(crc1, word);
-            memcpy(&word, p + 2 * CRC_SHORT, 8);
-            crc2 = _mm_crc32_u64(crc2, word);
-            p += 8;
-        } while (p < stop);
-        crc0 = crc_shift(crc_short_zeros, (uint32_t)crc0) ^ crc1;
-        crc0 = crc_shift(crc_short_zeros, (uint32_t)crc0) ^ crc2;
-        p += 2 * CRC_SHORT;
-        len -= 3 * CRC_SHORT;
-    }
-    while (len >= 8) {
-        memcpy(&word, p, 8);
-        crc0 = _mm_crc32_u64(crc0, word);
-        p += 8;
-        len -= 8;
-    }
-    while (len--)
-        crc0 = _mm_crc32_u8((uint32_t)crc0, *p++);
-    return ~(uint32_t)crc0;
-}
-
-/* CRC-32C of src[0:len] while copying it to dst: one pass over the source instead of two
- * (a record's bytes are read once, checksummed and stored). Same loop shape as crc32c_sse42. */
-__attribute__((target("sse4.2")))
-static uint32_t crc32c_copy_sse42(uint32_t crc, unsigned char *dst, const unsigned char *p, size_t len)
-{
-    uint64_t crc0 = ~crc & 0xFFFFFFFFu, crc1, crc2, w0, w1, w2;
-    const unsigned char *stop;
-    while (len && ((uintptr_t)p & 7)) {
-        *dst++ = *p;
-        crc0 = _mm_crc32_u8((uint32_t)crc0, *p++);
-        len--;
-    }
-    while (len >= 3 * CRC_LONG) {
-        crc1 = crc2 = 0;
-        stop = p + CRC_LONG;
-        do {
-            memcpy(&w0, p, 8);
-            memcpy(&w1, p + CRC_LONG, 8);
-            memcpy(&w2, p + 2 * CRC_LONG, 8);
-            crc0 = _mm_crc32_u64(crc0, w0);
-            crc1 = _mm_crc32_u64(crc1, w1);
-            crc2 = _mm_crc32_u64(crc2, w2);
-            memcpy(dst, &w0, 8);
-            memcpy(dst + CRC_LONG, &w1, 8);
-            memcpy(dst + 2 * CRC_LONG, &w2, 8);
-            p += 8;
-            dst += 8;
-        } while (p < stop);
-        crc0 = crc_shift(crc_long_zeros, (uint32_t)crc0) ^ crc1;
-        crc0 = crc_shift(crc_long_zeros, (uint32_t)crc0) ^ crc2;
-        p += 2 * CRC_LONG;
-        dst += 2 * CRC_LONG;
-        len -= 3 * CRC_LONG;
-    }
-    while (len >= 3 * CRC_SHORT) {
-        crc1 = crc2 = 0;
-        stop = p + CRC_SHORT;
-        do {
-            memcpy(&w0, p, 8);
-            memcpy(&w1, p + CRC_SHORT, 8);
-            memcpy(&w2, p + 2 * CRC_SHORT, 8);
-            crc0 = _mm_crc32_u64(crc0, w0);
-            crc1 = _mm_crc32_u64(crc1, w1);
-            crc2 = _mm_crc32_u64(crc2, w2);
-            memcpy(dst, &w0, 8);
-            memcpy(dst + CRC_SHORT, &w1, 8);
-            memcpy(dst + 2 * CRC_SHORT, &w2, 8);
-            p += 8;
-            dst += 8;
-        } while (p < stop);
-        crc0 = crc_shift(crc_short_zeros, (uint32_t)crc0) ^ crc1;
-        crc0 = crc_shift(crc_short_zeros, (uint32_t)crc0) ^ crc2;
-        p += 2 * CRC_SHORT;
-        dst += 2 * CRC_SHORT;
-        len -= 3 * CRC_SHORT;
+    for (int pass = 0; pass < 2; pass++) {
+        const size_t block = pass ? CRC_SHORT : CRC_LONG;
+        uint32_t (*zeros)[256] = pass ? crc_short_zeros : crc_long_zeros;
+        while (len >= 3 * block) {
+            uint64_t crc1 = 0, crc2 = 0;
+            const unsigned char *stop = p + block;
+            do {
+                memcpy(&w0, p, 8);
+                memcpy(&w1, p + block, 8);
+                memcpy(&w2, p + 2 * block, 8);
+                crc0 = _mm_crc32_u64(crc0, w0);
+                crc1 = _mm_crc32_u64(crc1, w1);
+                crc2 = _mm_crc32_u64(crc2, w2);
+                if (dst) {
+                    memcpy(dst, &w0, 8);
+                    memcpy(dst + block, &w1, 8);
+                    memcpy(dst + 2 * block, &w2, 8);
+                    dst += 8;
+                }
+                p += 8;
+            } while (p < stop);
+            crc0 = crc_shift(zeros, (uint32_t)crc0) ^ crc1;
+            crc0 = crc_shift(zeros, (uint32_t)crc0) ^ crc2;
+            p += 2 * block;
+            if (dst)
+                dst += 2 * block;
+            len -= 3 * block;
+        }
     }
     while (len >= 8) {
         memcpy(&w0, p, 8);
         crc0 = _mm_crc32_u64(crc0, w0);
-        memcpy(dst, &w0, 8);
+        if (dst) {
+            memcpy(dst, &w0, 8);
+            dst += 8;
+        }
         p += 8;
-        dst += 8;
         len -= 8;
     }
     while (len--) {
-        *dst++ = *p;
+        if (dst)
+            *dst++ = *p;
         crc0 = _mm_crc32_u8((uint32_t)crc0, *p++);
     }
     return ~(uint32_t)crc0;
+}
+
+__attribute__((target("sse4.2")))
+static uint32_t crc32c_sse42(uint32_t crc, const unsigned char *p, size_t len)
+{
+    return crc32c_sse42_body(crc, NULL, p, len);
+}
+
+__attribute__((target("sse4.2")))
+static uint32_t crc32c_copy_sse42(uint32_t crc, unsigned char *dst, const unsigned char *p, size_t len)
+{
+    return crc32c_sse42_body(crc, dst, p, len);
 }
 #endif /* STREAMIO_X86_CRC */
 
