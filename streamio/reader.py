@@ -133,30 +133,13 @@ class RecordReader:
             self.close()
             raise
         try:
-            buf = bytearray(self.read_size)
-            view = memoryview(buf)
-            readinto = src.readinto
             feed = framer.feed
-            while True:
-                t0 = clock()
-                n = readinto(view)
-                stats.source_wait_s += clock() - t0
-                if not n:
-                    break
-                stats.bytes_read += n
-                pieces = (view[:n],) if codec is None else codec.decode(view[:n])
-                for piece in pieces:
-                    stats.bytes_decoded += len(piece)
-                    records = feed(piece)
-                    stats.skipped_records = framer.skipped_records
-                    stats.skipped_bytes = framer.skipped_bytes
-                    if records:
-                        stats.records += len(records)
-                        yield records
-            self._mark_consumed()
-            for piece in (codec.finish() if codec is not None else ()):
-                stats.bytes_decoded += len(piece)
+            # The framer sees one stream of pieces, whether they came straight from the source
+            # or out of the codec (its tail included); finish() then ends the stream.
+            for piece in self._pieces(src, codec):
                 records = feed(piece)
+                stats.skipped_records = framer.skipped_records
+                stats.skipped_bytes = framer.skipped_bytes
                 if records:
                     stats.records += len(records)
                     yield records
@@ -168,6 +151,29 @@ class RecordReader:
             stats.skipped_records = framer.skipped_records
             stats.skipped_bytes = framer.skipped_bytes
             self.close()
+
+    def _pieces(self, src: ByteSource, codec: Any) -> Iterator[Any]:
+        """The decompressed bytes of ``src``, chunk by chunk (views into one reused buffer)."""
+        stats = self.stats
+        clock = time.perf_counter
+        view = memoryview(bytearray(self.read_size))
+        readinto = src.readinto
+        while True:
+            t0 = clock()
+            n = readinto(view)
+            stats.source_wait_s += clock() - t0
+            if not n:
+                break
+            stats.bytes_read += n
+            pieces = (view[:n],) if codec is None else codec.decode(view[:n])
+            for piece in pieces:
+                stats.bytes_decoded += len(piece)
+                yield piece
+        self._mark_consumed()
+        if codec is not None:
+            for piece in codec.finish():
+                stats.bytes_decoded += len(piece)
+                yield piece
 
     def __iter__(self) -> Iterator[bytes]:
         for records in self.record_lists():

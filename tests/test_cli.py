@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
-import pytest
 
 import streamio
 

@@ -43,7 +43,6 @@ class ZlibCodec:
         self._wbits = 31 if kind == "gzip" else 15
         self._d = zlib.decompressobj(self._wbits)
         self._out = 0  # decompressed bytes produced (offsets in errors are in this stream)
-        self._in = 0
         self._member_started = False
 
     def _fault(self, cls, message: str):
@@ -51,7 +50,6 @@ class ZlibCodec:
 
     def decode(self, chunk) -> Iterator[Union[bytes, bytearray]]:
         data = chunk
-        self._in += len(data)
         while True:
             if self._d.eof and len(data):
                 # gzip allows several members back to back; zlib data ends at its trailer.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import CorruptRecordError, FormatError, RecordTooLargeError, TruncatedStreamError
+from ..errors import FormatError, RecordTooLargeError, TruncatedStreamError
 from ._base import FramerBase
 
 OK = 0  # stopped because the next frame is not complete yet (or the buffer is exhausted)
@@ -254,6 +254,6 @@ class LengthPrefixedFramer(FramerBase):
 
 
 __all__ = [
-    "BAD_DATA", "BAD_HEADER", "CorruptRecordError", "LengthPrefixedFramer", "OK", "SPECIAL",
+    "BAD_DATA", "BAD_HEADER", "LengthPrefixedFramer", "OK", "SPECIAL",
     "TOO_LARGE", "as_bytes_view",
 ]
