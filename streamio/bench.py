@@ -61,7 +61,8 @@ DEFAULT_CSV_ROWS = 300_000
 DEFAULT_RECORDIO_ROWS = 200_000
 DEFAULT_BATCH_SIZE = 256
 DEFAULT_SHUFFLE_BUFFER = 10_000
-DEFAULT_PREFETCH = 2
+DEFAULT_PREFETCH: Optional[int] = None  # prefetch(): the self-sizing queue (like tf.data.AUTOTUNE)
+FIXED_PREFETCH = 2  # reported beside it: a small fixed queue, one wake-up per two batches
 DEFAULT_PANDAS_CHUNKSIZE = 8_192  # pandas' per-chunk overhead is large; a small chunk would cripple it
 DEFAULT_PEER_TIMEOUT = 600.0  # seconds one peer measurement may take before it is abandoned
 LARGE_RECORD_SIZE = 100_000
@@ -86,6 +87,10 @@ TARGETS = (
     # overhead <= 10%: the full pipeline keeps >= 1/1.1 of the bare decode loop's records/s
     ("pipeline: shuffle+batch+prefetch / bare decode", "pipeline/shuffle-batch-prefetch",
      "pipeline/bare-decode", 1.0 / 1.10, "x"),
+    ("pipeline: same with prefetch(2) / bare decode", "pipeline/shuffle-batch-prefetch2",
+     "pipeline/bare-decode", None, "x"),
+    ("pipeline: shuffle+batch, no prefetch / bare decode", "pipeline/shuffle-batch",
+     "pipeline/bare-decode", None, "x"),
     ("examples FIFO: read_records / raw read() (bytes/s)", "examples/read_records",
      "examples/raw-read", None, "x"),
 )
@@ -102,7 +107,7 @@ class BenchConfig:
     recordio_rows: int = DEFAULT_RECORDIO_ROWS
     batch_size: int = DEFAULT_BATCH_SIZE
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
-    prefetch: int = DEFAULT_PREFETCH
+    prefetch: Optional[int] = DEFAULT_PREFETCH
     pandas_chunksize: int = DEFAULT_PANDAS_CHUNKSIZE
     workloads: tuple = WORKLOADS
     peers: bool = True
@@ -574,19 +579,33 @@ def streamio_cases(cfg: BenchConfig, work: dict) -> list:
                 return n
             return run
 
-        def full():
-            Dataset = _dataset_class()
-            decoder = _example_decoder()
-            _check_decoder(decoder, w, _rows_of)
-            return lambda path: _count_batches(
-                Dataset(path, "tfrecord", decoder=decoder).shuffle(cfg.shuffle_buffer, seed=0)
-                .batch(bs).prefetch(cfg.prefetch))
+        def pipeline(prefetch: Any):
+            def make():
+                Dataset = _dataset_class()
+                decoder = _example_decoder()
+                _check_decoder(decoder, w, _rows_of)
+
+                def run(path: str) -> int:
+                    ds = Dataset(path, "tfrecord", decoder=decoder).shuffle(cfg.shuffle_buffer,
+                                                                            seed=0).batch(bs)
+                    return _count_batches(ds if prefetch is False else ds.prefetch(prefetch))
+                return run
+            return make
+
+        def label(prefetch: Any) -> str:
+            text = f"Dataset.shuffle({cfg.shuffle_buffer}).batch({bs})"
+            if prefetch is False:
+                return text
+            return text + (".prefetch()" if prefetch is None else f".prefetch({prefetch})")
 
         cases.append(("pipeline/bare-decode", w, "RecordReader + decode_batch loop", "fifo",
                       skip_or(bare)))
-        cases.append(("pipeline/shuffle-batch-prefetch", w,
-                      f"Dataset.shuffle({cfg.shuffle_buffer}).batch({bs}).prefetch({cfg.prefetch})",
-                      "fifo", skip_or(full)))
+        cases.append(("pipeline/shuffle-batch-prefetch", w, label(cfg.prefetch), "fifo",
+                      skip_or(pipeline(cfg.prefetch))))
+        cases.append(("pipeline/shuffle-batch-prefetch2", w, label(FIXED_PREFETCH), "fifo",
+                      skip_or(pipeline(FIXED_PREFETCH))))
+        cases.append(("pipeline/shuffle-batch", w, label(False), "fifo",
+                      skip_or(pipeline(False))))
     if "large" in work:
         w = work["large"]
         cases.append(("large/streamio-read_records", w, "streamio read_records (CRCs verified)",
@@ -894,7 +913,9 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             "FIFO inputs are fed by a separate writer process (os.open on the FIFO, then"
             " sendfile of the file) started fresh for every measurement.",
             "Each round runs every case once, in alternating order (reversed on odd rounds);"
-            " figures are medians over the rounds.",
+            " figures are medians over the rounds. A target's ratio is the median of the rounds'"
+            " own ratios (both sides run in the same round), which a drift in the machine's"
+            " speed does not skew; the ratio of the medians is shown beside it.",
             "peak_rss_mib is the process's VmHWM, reset before each measurement (for workers:"
             " the worker process, TensorFlow's runtime included).",
         ]
@@ -971,15 +992,19 @@ def _report(cfg: BenchConfig, work: dict, results: dict, fifo_errors: dict, vers
         a = by_name.get(num, {})
         if den is None:
             value = a.get("records_per_s")
+            of_medians = None
         else:
             b = by_name.get(den, {})
-            if num.endswith("read_records") and den.endswith("raw-read"):
-                va, vb = a.get("mb_per_s"), b.get("mb_per_s")  # compare bytes/s
-            else:
-                va, vb = a.get("records_per_s"), b.get("records_per_s")
-            value = va / vb if va and vb else None
+            by_bytes = num.endswith("read_records") and den.endswith("raw-read")  # bytes/s
+            key = "mb_per_s" if by_bytes else "records_per_s"
+            va, vb = a.get(key), b.get(key)
+            of_medians = va / vb if va and vb else None
+            # The median of the rounds' own ratios: each round runs both sides back to back, so
+            # a drift in the machine's speed (a noisy neighbour on a VM) cancels out.
+            value = _paired_ratio(a.get("rounds"), b.get("rounds"), by_bytes) if of_medians else None
         met = None if value is None or target is None else value >= target
-        ratios.append({"name": label, "value": value, "target": target, "unit": unit, "met": met})
+        ratios.append({"name": label, "value": value, "target": target, "unit": unit, "met": met,
+                       "ratio_of_medians": of_medians})
     return {
         "machine": _machine(),
         "peers": versions,
@@ -990,6 +1015,17 @@ def _report(cfg: BenchConfig, work: dict, results: dict, fifo_errors: dict, vers
         "fifo_errors": fifo_errors,
         "notes": notes,
     }
+
+
+def _paired_ratio(rounds_a: Optional[list], rounds_b: Optional[list], by_bytes: bool
+                  ) -> Optional[float]:
+    """The median over rounds of side a's rate divided by side b's in the same round."""
+    if not rounds_a or not rounds_b:
+        return None
+    key = "nbytes" if by_bytes else "records"
+    pairs = [(ra[key] / ra["seconds"]) / (rb[key] / rb["seconds"])
+             for ra, rb in zip(rounds_a, rounds_b) if ra["seconds"] > 0 and rb["seconds"] > 0]
+    return statistics.median(pairs) if pairs else None
 
 
 def format_table(report: dict) -> str:
@@ -1030,7 +1066,9 @@ def format_table(report: dict) -> str:
             value = f"{r['value']:.2f}x"
             target = f">= {r['target']:.2f}x" if r["target"] else "(no target)"
         verdict = "" if r["met"] is None else ("  MET" if r["met"] else "  NOT MET")
-        lines.append(f"  {r['name']:52s} {value:>16s}  {target}{verdict}")
+        also = (f"  (ratio of medians {r['ratio_of_medians']:.2f}x)"
+                if r.get("ratio_of_medians") else "")
+        lines.append(f"  {r['name']:52s} {value:>16s}  {target}{verdict}{also}")
     if report.get("fifo_errors"):
         lines.append("")
         lines.append("peers on a FIFO (tried once):")

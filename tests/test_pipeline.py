@@ -487,11 +487,50 @@ def test_prefetch_hands_over_every_item_in_order(sizes, n):
     pre = Prefetcher(iter(blocks), n)
     got, got_ids = [], []
     for items, ids in pre:
-        assert len(items) <= n  # a block bigger than the queue is cut
         got += items
         got_ids += ids.tolist()
     assert got == got_ids == list(range(start))
     assert _wait_for(lambda: not pre.alive)
+
+
+def test_prefetch_cuts_a_block_bigger_than_its_queue():
+    pre = Prefetcher(iter([(list(range(10)), np.arange(10))]), 3)
+    time.sleep(0.2)  # a slow consumer: the producer thread has queued the block meanwhile
+    pieces = list(pre)
+    assert [items for items, _ in pieces] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert [ids.tolist() for _, ids in pieces] == [items for items, _ in pieces]
+
+
+def _block_makers(consumer_s: float, n=None) -> list:
+    """Which thread made each block, for a consumer that spends consumer_s on each one."""
+    makers = []
+
+    def upstream():
+        for i in range(20):
+            time.sleep(0.003)  # a read: the GIL is free meanwhile
+            makers.append(threading.current_thread().name)
+            yield [i], None
+
+    got = []
+    for items, _ in Prefetcher(upstream(), n):
+        got += items
+        time.sleep(consumer_s)
+    assert got == list(range(20))
+    return makers
+
+
+def test_prefetch_works_ahead_of_a_busy_consumer():
+    # A consumer that spends time on each block (a training step) finds them made by the
+    # producer thread, while it was busy: that is what prefetch is for.
+    makers = _block_makers(0.03, n=4)
+    assert makers.count("streamio-prefetch") >= 15, makers
+
+
+def test_a_consumer_faster_than_its_input_makes_blocks_itself():
+    # A consumer with nothing else to do would only wait for a thread switch per block: it
+    # makes most blocks in its own thread instead.
+    makers = _block_makers(0.0)
+    assert makers.count(threading.current_thread().name) >= 10, makers
 
 
 def test_prefetch_keeps_at_most_n_items_ahead():

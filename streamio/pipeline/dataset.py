@@ -14,6 +14,7 @@ out one by one.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import stat
 import time
@@ -76,7 +77,7 @@ class _ShuffleBatches:
 
 @dataclass(frozen=True)
 class _Prefetch:
-    n: int
+    n: Optional[int]  # None: the queue sizes itself
 
 
 @dataclass(frozen=True)
@@ -314,11 +315,19 @@ class Dataset:
             raise ValueError("shuffle_batches() needs batch() first (use shuffle() for records)")
         return self._with_stage(_ShuffleBatches(n, _check_seed(seed)))
 
-    def prefetch(self, n: int) -> "Dataset":
-        """Run everything before this point in a background thread, ``n`` items ahead (see
-        :class:`~streamio.pipeline.Prefetcher`). Leaving the loop early stops the thread and
-        closes the source."""
-        return self._with_stage(_Prefetch(_check_int("n", n, 1)))
+    def prefetch(self, n: Optional[int] = None) -> "Dataset":
+        """Run everything before this point in background threads, ``n`` items ahead.
+
+        ``n=None`` (the default, like ``tf.data.AUTOTUNE``) sizes the queue itself: it starts
+        at two items and doubles each time the consumer finds it empty, up to 256 items and
+        64 MiB (see :class:`~streamio.pipeline.Prefetcher`); a consumer slower than its input
+        keeps it small. Right after a :meth:`batch` with a decoder, decoding gets a thread of
+        its own (the decoders release the GIL), so it runs beside reading and shuffling on a
+        second core; the records waiting for it are bounded the same way. Leaving the loop
+        early stops the threads and closes the source."""
+        if n is not None:
+            n = _check_int("n", n, 1)
+        return self._with_stage(_Prefetch(n))
 
     def skip(self, n: int) -> "Dataset":
         """Drop the first ``n`` items (records, or batches after :meth:`batch`) of each epoch."""
@@ -443,7 +452,8 @@ class _EpochRun:
     def build(self) -> Iterator[tuple]:
         blocks: Iterator[tuple] = self.read_blocks()
         batched = False
-        for position, stage in enumerate(self.ds._stages):
+        stages = self.ds._stages
+        for position, stage in enumerate(stages):
             if isinstance(stage, _Shuffle):
                 blocks = self.shuffle(blocks, stage.buffer_size, stage.buffer_bytes, stage.seed,
                                       stage.initial, position, batched)
@@ -452,8 +462,10 @@ class _EpochRun:
             elif isinstance(stage, _Batch):
                 blocks = self.batch(blocks, stage.batch_size, stage.drop_last)
                 batched = True
+                if self.decoder is not None:
+                    blocks = self.decode_blocks(blocks)
             elif isinstance(stage, _Prefetch):
-                blocks = Prefetcher(blocks, stage.n)
+                blocks = Prefetcher(blocks, stage.n, size_of=estimate_nbytes)
             elif isinstance(stage, _Skip):
                 blocks = _skip(blocks, stage.n)
             elif isinstance(stage, _Take):
@@ -528,12 +540,16 @@ class _EpochRun:
             _close(blocks)
 
     def batch(self, blocks: Iterator[tuple], size: int, drop_last: bool) -> Iterator[tuple]:
-        decode = self.decode if self.decoder is not None else None
+        """Cut blocks of records into blocks of batches (lists of records). With a decoder the
+        blocks are ``(batches, ids)``, ``ids`` holding each batch's record origins (or None),
+        for :meth:`decode_blocks`; without one, ``(batches, None)``."""
+        keep_ids = self.decoder is not None
         pending: list = []
         pending_ids: list = []
         try:
             for items, ids in blocks:
-                out = []
+                out: list = []
+                out_ids: list = []
                 pos = 0
                 if pending:
                     pos = size - len(pending)
@@ -542,29 +558,81 @@ class _EpochRun:
                         pending_ids.append(ids[:pos])
                     if len(pending) < size:
                         continue
-                    out.append((pending, _join_ids(pending_ids)))
+                    out.append(pending)
+                    out_ids.append(_join_ids(pending_ids))
                     pending, pending_ids = [], []
                 end = pos + (len(items) - pos) // size * size
                 # Unshuffled batching is list slicing: no per-record Python work.
+                out.extend([items[s:s + size] for s in range(pos, end, size)])
                 if ids is None:
-                    out.extend([(items[s:s + size], None) for s in range(pos, end, size)])
+                    out_ids.extend([None] * (len(out) - len(out_ids)))
                 else:
-                    out.extend([(items[s:s + size], ids[s:s + size])
-                                for s in range(pos, end, size)])
+                    out_ids.extend([ids[s:s + size] for s in range(pos, end, size)])
                 if end < len(items):
                     pending = items[end:]
                     if ids is not None:
                         pending_ids = [ids[end:]]
                 if out:
-                    if decode is None:
-                        yield [b for b, _ in out], None
-                    else:
-                        yield [decode(b, i) for b, i in out], None
+                    yield out, (out_ids if keep_ids else None)
             if pending and not drop_last:
-                batch = pending if decode is None else decode(pending, _join_ids(pending_ids))
-                yield [batch], None
+                yield [pending], ([_join_ids(pending_ids)] if keep_ids else None)
         finally:
             _close(blocks)
+
+    def decode_blocks(self, blocks: Iterator[tuple]) -> Iterator[tuple]:
+        """Decode blocks of batches; a batch that fails is raised after the ones before it.
+
+        A decoder whose outputs are all fixed-shape rows (``output_spec()``: no sparse field,
+        no varying dimension) decodes a block's batches in one call, and each batch is a slice
+        of the result: one decoder call per chunk of input instead of one per batch.
+        """
+        split: Optional[bool] = None  # known once the decoder knows its outputs
+        try:
+            for batches, ids in blocks:
+                if split is None:
+                    split = _rows_split(self.decoder)
+                if len(batches) > 1 and split:
+                    out = self.decode_together(batches)
+                    if out is not None:
+                        yield out, None
+                        continue
+                out = []
+                try:
+                    for records, origins in zip(batches, ids):
+                        out.append(self.decode(records, origins))
+                except BaseException:
+                    if out:
+                        yield out, None  # every whole batch before the fault is delivered
+                    raise
+                yield out, None
+        finally:
+            _close(blocks)
+
+    def decode_together(self, batches: list) -> Optional[list]:
+        """Decode ``batches`` in one decoder call and slice the result back into batches; None
+        if that cannot stand for decoding them one by one (an error, whose batch and record
+        the caller finds by doing so, or rows that did not come out one per record)."""
+        clock = time.perf_counter
+        t0 = clock()
+        try:
+            records = list(itertools.chain.from_iterable(batches))
+            try:
+                table = self.decoder.decode_batch(records)
+            except FormatError:
+                return None
+            total = len(records)
+            if not table or not all(isinstance(v, np.ndarray) and v.ndim and len(v) == total
+                                    for v in table.values()):
+                return None  # e.g. a CSV block that held a repeated header row
+            out = []
+            start = 0
+            for batch in batches:
+                stop = start + len(batch)
+                out.append({name: column[start:stop] for name, column in table.items()})
+                start = stop
+            return out
+        finally:
+            self.stats.decode_s += clock() - t0
 
     def decode(self, records: list, ids: Optional[np.ndarray]) -> Any:
         clock = time.perf_counter
@@ -606,6 +674,18 @@ class _EpochRun:
             return type(exc)(exc.reason, **kwargs)
         except Exception:  # noqa: BLE001 - a subclass with another signature: keep the original
             return exc
+
+
+def _rows_split(decoder: Any) -> Optional[bool]:
+    """Whether a batch of the decoder's output is a row slice of a larger batch's output: every
+    field dense (or object) with a fixed shape. None while the decoder cannot tell (its
+    ``output_spec()`` is None until it has seen a batch)."""
+    if not callable(getattr(decoder, "output_spec", None)):
+        return False
+    spec = decoder.output_spec()
+    if spec is None:
+        return None
+    return bool(spec) and all(f.kind != "sparse" and None not in f.shape for f in spec.values())
 
 
 def _join_ids(parts: list) -> Optional[np.ndarray]:

@@ -1,107 +1,57 @@
-"""Background prefetch: one thread, one bounded queue.
+"""Background prefetch: one thread, one bounded queue, and a consumer that does not wait idle.
 
 The pipeline moves items in *blocks* (the records of one chunk, or the batches cut from it) so
 that no stage pays a Python call per record; the queue therefore counts items, not blocks, and
 cuts a block that would not fit.
+
+Waking a thread is the expensive part: tens of microseconds on a small VM, against well under
+one for handing over a block. So the two threads hand work over as rarely as they can:
+
+- **A consumer that finds the queue empty makes the next block itself** when the producer is not
+  in the middle of one (only one thread runs the upstream at a time; a lock decides which). A
+  consumer faster than its input (a loop that only counts, a model waiting on data anyway) thus
+  runs the pipeline inline, with no thread switch per block, while a consumer that spends time
+  on each batch (a training step) finds the queue filled by the producer.
+- **The producer backs off** when the consumer had to wait for the block it was making (the
+  consumer is the faster one): it sleeps for :data:`IDLE_POLL_S` before it looks again, instead
+  of racing the consumer for the next block. It is woken early only when the consumer takes
+  from a queue that the producer had filled (room for half of it again).
+- **The queue can size itself** (``n=None``): from :data:`AUTO_START` items it doubles each time
+  the consumer had to wait for the producer, up to :data:`AUTO_MAX_ITEMS` items and
+  :data:`AUTO_MAX_BYTES` bytes.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["CLOSE_JOIN_S", "FILL_WAIT_S", "PUT_POLL_S", "Prefetcher"]
+__all__ = ["AUTO_MAX_BYTES", "AUTO_MAX_ITEMS", "AUTO_START", "CLOSE_JOIN_S", "IDLE_POLL_S",
+           "PUT_POLL_S", "Prefetcher"]
 
 #: How often a producer blocked on a full queue looks at the stop flag. Small enough that
 #: ``close()`` returns promptly, large enough that an idle wait costs nothing measurable.
 PUT_POLL_S = 0.05
+#: How long a producer that found the consumer faster than itself stays away before it looks
+#: at the queue again: one CPython GIL switch interval. A consumer that then starts spending
+#: time on its batches has the producer filling the queue again within this long.
+IDLE_POLL_S = 0.005
 #: How long ``close()`` waits for the producer thread to finish. A producer waiting for room
 #: sees the stop flag at once; one busy with a block finishes it first (milliseconds). Only a
 #: producer blocked reading a silent source (a FIFO whose writer stalls) takes longer: close()
 #: then returns anyway, and the daemon thread closes the reader as soon as its read returns
 #: (the source's ``read_timeout`` bounds that).
 CLOSE_JOIN_S = 5.0
-#: The longest a consumer that found the queue empty waits for it to fill before it takes what
-#: there is (see ``_BlockQueue``): about two of CPython's 5 ms GIL switch intervals.
-FILL_WAIT_S = 0.01
+#: A self-sizing queue (``n=None``) starts this large ...
+AUTO_START = 2
+#: ... and grows (doubling) while the consumer keeps waiting for the producer, up to this many
+#: items ...
+AUTO_MAX_ITEMS = 256
+#: ... and this many bytes of items (measured with the Prefetcher's ``size_of``).
+AUTO_MAX_BYTES = 64 << 20
 
 _END = object()
-
-
-class _BlockQueue:
-    """A FIFO of blocks holding at most ``maxsize`` items in all (one lock, two conditions).
-
-    Waking a thread costs far more than handing over an item (under the GIL each wake-up is a
-    thread switch), so neither side is woken for every item: a consumer that found the queue
-    empty is woken once it is full (the producer must wait for room) or the stream ended, and a
-    producer waiting for room once the queue is down to half. A timed wait of
-    :data:`FILL_WAIT_S` bounds the consumer's extra latency when the producer is slow; the
-    producer's wait is a :data:`PUT_POLL_S` loop that also watches the stop flag.
-    """
-
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        self.items = 0
-        self._blocks: collections.deque = collections.deque()
-        lock = threading.Lock()
-        self._not_empty = threading.Condition(lock)
-        self._not_full = threading.Condition(lock)
-        self._low_water = maxsize // 2
-        self._consumer_waiting = False
-        self._producer_waiting = False
-        self._final = False
-
-    def _consumer_may_go(self) -> bool:
-        return self._final or self._producer_waiting or self.items >= self.maxsize
-
-    def put(self, block: Any, count: int, stop: threading.Event) -> bool:
-        """Wait for room for ``count`` items, then append; False if ``stop`` was set meanwhile."""
-        with self._not_full:
-            while self.items and self.items + count > self.maxsize:
-                if stop.is_set():
-                    return False
-                self._producer_waiting = True
-                if self._consumer_waiting:
-                    self._not_empty.notify()  # the queue is as full as it gets: take it
-                self._not_full.wait(PUT_POLL_S)
-                self._producer_waiting = False
-            if stop.is_set():
-                return False
-            self._blocks.append((block, count))
-            self.items += count
-            if self._consumer_waiting and self._consumer_may_go():
-                self._not_empty.notify()
-            return True
-
-    def put_final(self, message: Any) -> None:
-        """Append an end-of-stream or error message; it takes no room, so it never waits."""
-        with self._not_full:
-            self._blocks.append((message, 0))
-            self._final = True
-            self._not_empty.notify()
-
-    def get(self) -> Any:
-        with self._not_empty:
-            if not self._blocks or not self._consumer_may_go():
-                self._consumer_waiting = True
-                try:
-                    while not self._blocks or not self._consumer_may_go():
-                        if not self._not_empty.wait(FILL_WAIT_S) and self._blocks:
-                            break  # the producer is slow: take what there is
-                finally:
-                    self._consumer_waiting = False
-            block, count = self._blocks.popleft()
-            self.items -= count
-            if self._producer_waiting and self.items <= self._low_water:
-                self._not_full.notify()  # room for half a queue: worth a thread switch
-            return block
-
-    def clear(self) -> None:
-        with self._not_full:
-            self._blocks.clear()
-            self.items = 0
-            self._not_full.notify_all()
 
 
 class _Failure:
@@ -111,34 +61,177 @@ class _Failure:
         self.exc = exc
 
 
-def _produce(upstream: Iterator[Any], queue: _BlockQueue, stop: threading.Event, n: int) -> None:
-    # The thread's target holds no reference to the Prefetcher, so dropping the consumer's
-    # iterator really frees it and its __del__ can stop this thread.
-    message: Any = _END
-    try:
-        for block in upstream:
-            items = block[0]
-            if len(items) <= n:
-                if not queue.put(block, len(items), stop):
-                    return
-                continue
-            # A block larger than the whole queue is cut, so the bound holds for every block.
-            for start in range(0, len(items), n):
-                piece = (items[start:start + n], _slice_ids(block[1], start, n))
-                if not queue.put(piece, len(piece[0]), stop):
-                    return
-    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
-        message = _Failure(exc)
-    finally:
-        close = getattr(upstream, "close", None)
+class _Shared:
+    """The upstream, the queue and the flags both threads use, under one lock.
+
+    The producer thread's target is :meth:`produce`, a method of this object, not of the
+    Prefetcher: dropping the consumer's iterator then really frees the Prefetcher, and its
+    ``__del__`` stops the thread.
+    """
+
+    def __init__(self, upstream: Iterator[Any], maxsize: int, auto: bool,
+                 size_of: Optional[Callable[[Any], int]]) -> None:
+        self.upstream = upstream
+        self.maxsize = maxsize
+        self.auto = auto
+        self.size_of = size_of if auto else None
+        self.item_bytes = 1  # the most bytes per item seen (auto only)
+        self.blocks: collections.deque = collections.deque()
+        self.items = 0
+        lock = threading.Lock()
+        self.ready = threading.Condition(lock)  # the consumer waits here for the producer
+        self.room = threading.Condition(lock)  # the producer waits here for room or its turn
+        self.busy = False  # a thread is running the upstream
+        self.finished = False  # the upstream ended (or failed); no more blocks will be made
+        self.stop = False
+        self.consumer_waiting = False
+        self.producer_waiting = False  # for room in a full queue
+        self.backoff = False
+
+    # -- the consumer's side ------------------------------------------------------------------
+    def take(self) -> Any:
+        """The next block, from the queue or made here; ``_END`` or a ``_Failure`` at the end."""
+        with self.ready:
+            while True:
+                if self.blocks:
+                    block, count = self.blocks.popleft()
+                    self.items -= count
+                    if self.producer_waiting and self.items <= self.maxsize // 2:
+                        self.room.notify()  # room for half a queue: worth a thread switch
+                    return block
+                if self.finished:
+                    return _END
+                if not self.busy:
+                    self.busy = True  # the upstream is free: make the block here
+                    break
+                # The producer is making a block: wait for it (it notifies when done).
+                if self.auto:
+                    self._grow()
+                self.consumer_waiting = True
+                try:
+                    self.ready.wait(PUT_POLL_S)
+                finally:
+                    self.consumer_waiting = False
         try:
-            if close is not None:
-                close()  # closes the readers, in the thread that was running them
-        except BaseException as exc:  # noqa: BLE001
-            if message is _END:
-                message = _Failure(exc)
-        # Sent after the upstream is closed: a consumer that sees the end finds no fd left open.
-        queue.put_final(message)
+            block = next(self.upstream)
+        except BaseException as exc:  # noqa: BLE001 - StopIteration included: the end
+            self._end_here()
+            return _END if isinstance(exc, StopIteration) else _Failure(exc)
+        with self.ready:
+            self.busy = False
+        return block
+
+    def _end_here(self) -> None:
+        # The upstream ended in the consumer's thread (its generators have closed the readers):
+        # the producer has nothing left to do.
+        with self.ready:
+            self.busy = False
+            self.finished = True
+            self.stop = True
+            self.room.notify_all()
+
+    def close(self) -> None:
+        with self.ready:
+            self.stop = True
+            self.blocks.clear()  # drops buffered items now
+            self.items = 0
+            self.room.notify_all()
+
+    # -- the producer thread ------------------------------------------------------------------
+    def produce(self) -> None:
+        message: Any = _END
+        mine = False  # whether this thread holds the upstream (busy) right now
+        try:
+            while True:
+                with self.room:
+                    if not self._my_turn():
+                        return
+                    self.busy = mine = True
+                block = next(self.upstream, _END)
+                if block is _END:
+                    return
+                if not self._put(block):
+                    return
+                with self.room:
+                    self.busy = mine = False
+                    if self.consumer_waiting:
+                        self.ready.notify()  # it waits for the upstream, not for a block
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
+            message = _Failure(exc)
+        finally:
+            with self.room:
+                closing = mine or not self.busy  # never close under a consumer's feet
+                self.busy = True
+            try:
+                if closing:
+                    close = getattr(self.upstream, "close", None)
+                    if close is not None:
+                        close()  # closes the readers, in the thread that was running them
+            except BaseException as exc:  # noqa: BLE001
+                if message is _END:
+                    message = _Failure(exc)
+            with self.ready:
+                # Queued after the upstream is closed: a consumer that sees the end finds no
+                # fd left open.
+                if not self.finished:
+                    self.blocks.append((message, 0))
+                self.finished = True
+                self.busy = False
+                self.ready.notify_all()
+
+    def _my_turn(self) -> bool:
+        """Wait until the producer should make a block: the upstream is free, the queue has
+        room, and the consumer has not just shown itself faster. False once stopped."""
+        while not self.stop and (self.busy or self.items >= self.maxsize or self.backoff):
+            if self.backoff:
+                self.backoff = False
+                self.room.wait(IDLE_POLL_S)
+            elif self.busy:
+                self.room.wait(IDLE_POLL_S)  # the consumer is making one; look again later
+            else:
+                self.producer_waiting = True
+                self.room.wait(PUT_POLL_S)
+                self.producer_waiting = False
+        return not self.stop and not self.finished
+
+    def _put(self, block: Any) -> bool:
+        """Queue a block, cut to fit, waiting for room; False once stopped."""
+        items = block[0]
+        if self.size_of is not None and items:
+            # One item stands for the block: measuring every item would cost per item.
+            self._measure(self.size_of(items[0]) * len(items), len(items))
+        n = self.maxsize
+        pieces = [block] if len(items) <= n else [
+            (items[start:start + n], _slice_ids(block[1], start, n))
+            for start in range(0, len(items), n)]
+        for piece in pieces:
+            count = len(piece[0])
+            with self.room:
+                while self.items and self.items + count > self.maxsize and not self.stop:
+                    self.producer_waiting = True
+                    self.room.wait(PUT_POLL_S)
+                    self.producer_waiting = False
+                if self.stop:
+                    return False
+                self.blocks.append((piece, count))
+                self.items += count
+                if self.consumer_waiting:
+                    # The consumer waited for this block: it is the faster side, so let it make
+                    # the next one itself rather than wait for this thread again.
+                    self.backoff = True
+                    self.ready.notify()
+        return True
+
+    def _measure(self, nbytes: int, count: int) -> None:
+        per_item = -(-nbytes // max(1, count))
+        if per_item > self.item_bytes:
+            with self.room:
+                self.item_bytes = per_item
+                self.maxsize = max(AUTO_START, min(self.maxsize, AUTO_MAX_BYTES // per_item))
+
+    def _grow(self) -> None:
+        cap = max(AUTO_START, min(AUTO_MAX_ITEMS, AUTO_MAX_BYTES // self.item_bytes))
+        self.maxsize = min(cap, self.maxsize * 2)
 
 
 def _slice_ids(ids: Optional[Any], start: int, n: int) -> Optional[Any]:
@@ -146,27 +239,41 @@ def _slice_ids(ids: Optional[Any], start: int, n: int) -> Optional[Any]:
 
 
 class Prefetcher:
-    """Run an upstream iterator of blocks in one daemon thread, at most ``n`` items ahead.
+    """Run an upstream iterator of blocks ahead of the consumer, in a daemon thread, at most
+    ``n`` items ahead; a consumer that would otherwise wait makes the next block itself.
 
-    Invariant: at most ``n`` items wait in the queue (a block is cut to fit); the producer holds
-    at most one more block while it waits for room, and it checks a stop flag between puts. An
-    exception raised upstream is handed over and re-raised by the consumer's ``next()`` as the
-    same object: the original class, attributes and traceback (plus the consumer's frames).
+    Blocks are ``(items, ids)`` pairs (``ids``: None, or a sequence parallel to ``items``).
+    Only one thread runs the upstream at a time, so blocks come out in order, each once. See
+    the module's docstring for how the two threads share the work. ``n=None`` sizes the queue
+    itself: from :data:`AUTO_START` items, doubling while the consumer waits for the producer,
+    up to :data:`AUTO_MAX_ITEMS` items and :data:`AUTO_MAX_BYTES` bytes as ``size_of(item)``
+    counts them (the first item of each block stands for all of it); without ``size_of`` only
+    the item cap applies.
+
+    Invariant: at most ``n`` (the current size) items wait in the queue (the producer cuts a
+    block to fit); the producer holds at most one more block while it waits for room, and it
+    checks a stop flag between puts. An exception raised upstream, in either thread, reaches the
+    consumer's ``next()`` as the same object: the original class, attributes and traceback.
     ``close()`` (also run by ``__del__``, so leaving a ``for`` loop early or dropping the
     iterator is enough) sets the flag, empties the queue and joins the thread, which closes the
     upstream iterator, and with it the readers and their file descriptors, on its way out.
     """
 
-    def __init__(self, upstream: Iterator[Any], n: int, *, name: str = "streamio-prefetch") -> None:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"prefetch size must be a positive int, not {n!r}")
-        self._queue = _BlockQueue(n)
-        self._stop = threading.Event()
+    def __init__(self, upstream: Iterator[Any], n: Optional[int] = None, *,
+                 size_of: Optional[Callable[[Any], int]] = None,
+                 name: str = "streamio-prefetch") -> None:
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"prefetch size must be a positive int or None, not {n!r}")
+        auto = n is None
+        self._shared = _Shared(upstream, AUTO_START if auto else n, auto, size_of)
         self._done = False
-        self._thread = threading.Thread(target=_produce,
-                                        args=(upstream, self._queue, self._stop, n),
-                                        name=name, daemon=True)
+        self._thread = threading.Thread(target=self._shared.produce, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def size(self) -> int:
+        """The queue's current bound in items (fixed, or where auto sizing has taken it)."""
+        return self._shared.maxsize
 
     def __iter__(self) -> "Prefetcher":
         return self
@@ -174,7 +281,7 @@ class Prefetcher:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        block = self._queue.get()
+        block = self._shared.take()
         if block is _END:
             self._finish()
             raise StopIteration
@@ -193,8 +300,7 @@ class Prefetcher:
         if self.__dict__.get("_thread") is None:
             return  # __init__ failed before the thread existed
         self._done = True
-        self._stop.set()
-        self._queue.clear()  # wakes a producer waiting for room; drops buffered items now
+        self._shared.close()
         if self._thread is not threading.current_thread():
             self._thread.join(CLOSE_JOIN_S)
 
