@@ -394,6 +394,43 @@ def test_buffer_bytes_bounds_peak_memory(tmp_path):
     assert bounded < bound_mb * 1.5 + 8, f"peak grew {bounded:.1f} MB over a {bound_mb} MB bound"
 
 
+_DECODED_RSS_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import streamio
+    from streamio.decoders import Example, FixedLen, encode_example
+    from streamio.pipeline import Dataset
+
+    def rss_kb(field):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1])
+
+    path = sys.argv[1]
+    streamio.write_records(path, "tfrecord", (encode_example({"x": np.full(256, i, np.float32),
+                                                              "id": i}) for i in range(60000)))
+    dec = Example({"x": FixedLen((256,), "float32"), "id": FixedLen((), "int64")})
+    ds = Dataset(path, "tfrecord", decoder=dec).batch(16).shuffle(1000, buffer_bytes=4 << 20,
+                                                                  seed=0)
+    before = rss_kb("VmRSS")
+    n = 0
+    for batch in ds:
+        n += len(batch["id"])
+    print(n, rss_kb("VmHWM") - before)
+""")
+
+
+def test_buffer_bytes_bounds_a_shuffle_of_decoded_batches(tmp_path):
+    # 60,000 decoded rows of 1 KB (62 MB): a shuffle of batches bounded to 4 MiB must hold about
+    # that much, not whole decoded chunks behind each batch it holds.
+    out = subprocess.run([sys.executable, "-c", _DECODED_RSS_SCRIPT, str(tmp_path / "x.tfrecord")],
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    n, grown_mb = int(out[0]), int(out[1]) / 1024
+    assert n == 60000
+    assert grown_mb < 4 * 1.5 + 8, f"peak grew {grown_mb:.1f} MB over a 4 MB bound"
+
+
 # -- prefetch: threads, descriptors, errors --------------------------------------------------------
 def _open_fds() -> set:
     return set(os.listdir("/proc/self/fd"))

@@ -299,7 +299,12 @@ class Dataset:
     def batch(self, batch_size: int, *, drop_last: bool = False) -> "Dataset":
         """Group records into batches of ``batch_size``: a ``list`` of records, or with a decoder
         the dict its ``decode_batch`` returns. The last, partial batch is kept unless
-        ``drop_last``."""
+        ``drop_last``.
+
+        The batches cut from one chunk of input are decoded in one call when every output of
+        the decoder has a fixed shape: their arrays are then row slices (views) of one array per
+        field, which stays in memory while any of its batches does (copy a batch you keep for
+        long)."""
         batch_size = _check_int("batch_size", batch_size, 1)
         if not isinstance(drop_last, bool):
             raise TypeError(f"drop_last must be a bool, not {type(drop_last).__name__}")
@@ -316,15 +321,15 @@ class Dataset:
         return self._with_stage(_ShuffleBatches(n, _check_seed(seed)))
 
     def prefetch(self, n: Optional[int] = None) -> "Dataset":
-        """Run everything before this point in background threads, ``n`` items ahead.
+        """Run everything before this point ahead of the consumer, in a background thread, at
+        most ``n`` items ahead (see :class:`~streamio.pipeline.Prefetcher`).
 
         ``n=None`` (the default, like ``tf.data.AUTOTUNE``) sizes the queue itself: it starts
-        at two items and doubles each time the consumer finds it empty, up to 256 items and
-        64 MiB (see :class:`~streamio.pipeline.Prefetcher`); a consumer slower than its input
-        keeps it small. Right after a :meth:`batch` with a decoder, decoding gets a thread of
-        its own (the decoders release the GIL), so it runs beside reading and shuffling on a
-        second core; the records waiting for it are bounded the same way. Leaving the loop
-        early stops the threads and closes the source."""
+        at two items and doubles each time the consumer has to wait for the thread, up to 256
+        items and 64 MiB. A consumer that finds the queue empty while the thread is idle runs
+        the next step itself instead of waiting for a thread switch; one that spends time on
+        its batches (a training step) finds them made meanwhile. Leaving the loop early stops
+        the thread and closes the source."""
         if n is not None:
             n = _check_int("n", n, 1)
         return self._with_stage(_Prefetch(n))
@@ -463,7 +468,12 @@ class _EpochRun:
                 blocks = self.batch(blocks, stage.batch_size, stage.drop_last)
                 batched = True
                 if self.decoder is not None:
-                    blocks = self.decode_blocks(blocks)
+                    # Batches decoded together share their arrays (row slices): fine in order,
+                    # but a shuffle of batches would hold slices of many blocks while its byte
+                    # bound counted only the slices.
+                    together = not any(isinstance(later, (_Shuffle, _ShuffleBatches))
+                                       for later in stages[position + 1:])
+                    blocks = self.decode_blocks(blocks, together)
             elif isinstance(stage, _Prefetch):
                 blocks = Prefetcher(blocks, stage.n, size_of=estimate_nbytes)
             elif isinstance(stage, _Skip):
@@ -579,14 +589,15 @@ class _EpochRun:
         finally:
             _close(blocks)
 
-    def decode_blocks(self, blocks: Iterator[tuple]) -> Iterator[tuple]:
+    def decode_blocks(self, blocks: Iterator[tuple], together: bool) -> Iterator[tuple]:
         """Decode blocks of batches; a batch that fails is raised after the ones before it.
 
-        A decoder whose outputs are all fixed-shape rows (``output_spec()``: no sparse field,
-        no varying dimension) decodes a block's batches in one call, and each batch is a slice
-        of the result: one decoder call per chunk of input instead of one per batch.
+        ``together``: a decoder whose outputs are all fixed-shape rows (``output_spec()``: no
+        sparse field, no varying dimension) decodes a block's batches in one call, and each
+        batch is a slice of the result: one decoder call per chunk of input instead of one per
+        batch.
         """
-        split: Optional[bool] = None  # known once the decoder knows its outputs
+        split: Optional[bool] = None if together else False  # known once the decoder knows
         try:
             for batches, ids in blocks:
                 if split is None:
