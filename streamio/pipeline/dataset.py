@@ -551,8 +551,9 @@ class _EpochRun:
 
     def batch(self, blocks: Iterator[tuple], size: int, drop_last: bool) -> Iterator[tuple]:
         """Cut blocks of records into blocks of batches (lists of records). With a decoder the
-        blocks are ``(batches, ids)``, ``ids`` holding each batch's record origins (or None),
-        for :meth:`decode_blocks`; without one, ``(batches, None)``."""
+        blocks are ``(batches, ids)``, ``ids`` the records' origins in the batches' order (one
+        array for the block, or None), for :meth:`decode_blocks`; without one, ``(batches,
+        None)``."""
         keep_ids = self.decoder is not None
         pending: list = []
         pending_ids: list = []
@@ -569,23 +570,21 @@ class _EpochRun:
                     if len(pending) < size:
                         continue
                     out.append(pending)
-                    out_ids.append(_join_ids(pending_ids))
+                    out_ids = pending_ids
                     pending, pending_ids = [], []
                 end = pos + (len(items) - pos) // size * size
                 # Unshuffled batching is list slicing: no per-record Python work.
                 out.extend([items[s:s + size] for s in range(pos, end, size)])
-                if ids is None:
-                    out_ids.extend([None] * (len(out) - len(out_ids)))
-                else:
-                    out_ids.extend([ids[s:s + size] for s in range(pos, end, size)])
+                if ids is not None and end > pos:
+                    out_ids.append(ids[pos:end])
                 if end < len(items):
                     pending = items[end:]
                     if ids is not None:
                         pending_ids = [ids[end:]]
                 if out:
-                    yield out, (out_ids if keep_ids else None)
+                    yield out, (_join_ids(out_ids) if keep_ids else None)
             if pending and not drop_last:
-                yield [pending], ([_join_ids(pending_ids)] if keep_ids else None)
+                yield [pending], (_join_ids(pending_ids) if keep_ids else None)
         finally:
             _close(blocks)
 
@@ -608,9 +607,12 @@ class _EpochRun:
                         yield out, None
                         continue
                 out = []
+                start = 0
                 try:
-                    for records, origins in zip(batches, ids):
-                        out.append(self.decode(records, origins))
+                    for records in batches:
+                        stop = start + len(records)
+                        out.append(self.decode(records, None if ids is None else ids[start:stop]))
+                        start = stop
                 except BaseException:
                     if out:
                         yield out, None  # every whole batch before the fault is delivered

@@ -27,16 +27,19 @@ import collections
 import threading
 from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["AUTO_MAX_BYTES", "AUTO_MAX_ITEMS", "AUTO_START", "CLOSE_JOIN_S", "IDLE_POLL_S",
-           "PUT_POLL_S", "Prefetcher"]
+__all__ = ["AUTO_MAX_BYTES", "AUTO_MAX_ITEMS", "AUTO_START", "CLOSE_JOIN_S", "IDLE_POLL_MAX_S",
+           "IDLE_POLL_S", "PUT_POLL_S", "Prefetcher"]
 
 #: How often a producer blocked on a full queue looks at the stop flag. Small enough that
 #: ``close()`` returns promptly, large enough that an idle wait costs nothing measurable.
 PUT_POLL_S = 0.05
 #: How long a producer that found the consumer faster than itself stays away before it looks
-#: at the queue again: one CPython GIL switch interval. A consumer that then starts spending
-#: time on its batches has the producer filling the queue again within this long.
+#: at the queue again: one CPython GIL switch interval at first, doubling (up to
+#: :data:`IDLE_POLL_MAX_S`) while it keeps finding the consumer making blocks itself, since each
+#: look costs a GIL hand-over. A consumer that starts spending time on its batches has the
+#: producer filling the queue again within that long, and the interval starts over.
 IDLE_POLL_S = 0.005
+IDLE_POLL_MAX_S = 0.04
 #: How long ``close()`` waits for the producer thread to finish. A producer waiting for room
 #: sees the stop flag at once; one busy with a block finishes it first (milliseconds). Only a
 #: producer blocked reading a silent source (a FIFO whose writer stalls) takes longer: close()
@@ -87,6 +90,7 @@ class _Shared:
         self.consumer_waiting = False
         self.producer_waiting = False  # for room in a full queue
         self.backoff = False
+        self.idle_poll = IDLE_POLL_S
 
     # -- the consumer's side ------------------------------------------------------------------
     def take(self) -> Any:
@@ -183,11 +187,13 @@ class _Shared:
         """Wait until the producer should make a block: the upstream is free, the queue has
         room, and the consumer has not just shown itself faster. False once stopped."""
         while not self.stop and (self.busy or self.items >= self.maxsize or self.backoff):
-            if self.backoff:
+            if self.backoff or self.busy:
+                # The consumer made (or waited for) the last block: look again later, and
+                # later still if it is still at it then.
                 self.backoff = False
-                self.room.wait(IDLE_POLL_S)
-            elif self.busy:
-                self.room.wait(IDLE_POLL_S)  # the consumer is making one; look again later
+                self.room.wait(self.idle_poll)
+                if self.busy:
+                    self.idle_poll = min(IDLE_POLL_MAX_S, self.idle_poll * 2)
             else:
                 self.producer_waiting = True
                 self.room.wait(PUT_POLL_S)
@@ -220,6 +226,8 @@ class _Shared:
                     # the next one itself rather than wait for this thread again.
                     self.backoff = True
                     self.ready.notify()
+                else:
+                    self.idle_poll = IDLE_POLL_S  # made ahead of need: this thread is useful
         return True
 
     def _measure(self, nbytes: int, count: int) -> None:
