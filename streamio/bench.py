@@ -54,7 +54,7 @@ from .decoders._wire import len_field
 __all__ = ["BenchConfig", "main", "run_benchmark"]
 
 # -- defaults: a few minutes in all on a 2-core machine ------------------------------------------
-DEFAULT_ROUNDS = 5
+DEFAULT_ROUNDS = 9  # the medians and per-round ratios need several: this VM's speed drifts
 DEFAULT_EXAMPLES = 150_000
 DEFAULT_LARGE_RECORDS = 3_000  # of LARGE_RECORD_SIZE bytes: ~300 MB
 DEFAULT_CSV_ROWS = 300_000
