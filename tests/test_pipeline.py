@@ -352,15 +352,16 @@ def test_derive_rng_depends_on_every_part_of_the_key():
 
 
 # -- memory bound ---------------------------------------------------------------------------------
-_RSS_SCRIPT = textwrap.dedent("""
-    import sys
-    from streamio.pipeline import Dataset
-
+_RSS_KB = textwrap.dedent("""
     def rss_kb(field):
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith(field):
                     return int(line.split()[1])
+""")
+_RSS_SCRIPT = _RSS_KB + textwrap.dedent("""
+    import sys
+    from streamio.pipeline import Dataset
 
     path, buffer_bytes = sys.argv[1], sys.argv[2]
     options = {} if buffer_bytes == "none" else {"buffer_bytes": int(buffer_bytes)}
@@ -394,18 +395,12 @@ def test_buffer_bytes_bounds_peak_memory(tmp_path):
     assert bounded < bound_mb * 1.5 + 8, f"peak grew {bounded:.1f} MB over a {bound_mb} MB bound"
 
 
-_DECODED_RSS_SCRIPT = textwrap.dedent("""
+_DECODED_RSS_SCRIPT = _RSS_KB + textwrap.dedent("""
     import sys
     import numpy as np
     import streamio
     from streamio.decoders import Example, FixedLen, encode_example
     from streamio.pipeline import Dataset
-
-    def rss_kb(field):
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1])
 
     path = sys.argv[1]
     streamio.write_records(path, "tfrecord", (encode_example({"x": np.full(256, i, np.float32),
@@ -485,7 +480,8 @@ def test_leaving_early_stops_the_thread_and_closes_the_fifo(fifo, tmp_path, how)
     assert stats["finished"] and stats["bytes"] < len(data)  # stopped reading early
 
 
-def test_reader_errors_come_through_prefetch_unchanged(tmp_path):
+@pytest.mark.parametrize("n", [4, None])  # a fixed queue, and prefetch()'s self-sized one
+def test_reader_errors_come_through_prefetch_unchanged(tmp_path, n):
     path = write(tmp_path / "bad.tfrecord", range(200))
     with open(path, "r+b") as f:
         frame = 8 + 4 + 16 + 4
@@ -497,7 +493,7 @@ def test_reader_errors_come_through_prefetch_unchanged(tmp_path):
         list(streamio.read_records(path, "tfrecord"))
     got = []
     with pytest.raises(CorruptRecordError) as through:
-        for record in Dataset(path, "tfrecord").prefetch(4):
+        for record in Dataset(path, "tfrecord", read_size=512).prefetch(n):
             got.append(rid(record))
     err, expected = through.value, direct.value
     assert type(err) is type(expected)
