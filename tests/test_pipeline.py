@@ -19,7 +19,7 @@ import traceback
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamio
@@ -524,6 +524,55 @@ def test_prefetch_hands_over_every_item_in_order(sizes, n):
         got_ids += ids.tolist()
     assert got == got_ids == list(range(start))
     assert _wait_for(lambda: not pre.alive)
+
+
+class _Boom(Exception):
+    pass
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 6), max_size=25), n=st.one_of(st.none(), st.integers(1, 5)),
+       fail_at=st.one_of(st.none(), st.integers(0, 25)), seed=st.integers(0, 2 ** 32 - 1),
+       leave_after=st.one_of(st.none(), st.integers(0, 30)))
+def test_prefetch_under_random_timing_delivers_in_order_once(sizes, n, fail_at, seed, leave_after):
+    # Producer and consumer each pause at random (the GIL is free meanwhile), so blocks are made
+    # by either thread in any mix: items still come in order, each once, then the upstream's
+    # error (the same object) or the end; leaving early stops the thread and closes the upstream.
+    rng = np.random.default_rng(seed)
+    pauses = rng.choice([0.0, 0.0, 0.0005, 0.002], size=64)
+    closed = []
+
+    def upstream():
+        start = 0
+        try:
+            for k, size in enumerate(sizes):
+                time.sleep(pauses[k])
+                if k == fail_at:
+                    raise _Boom(k)
+                yield list(range(start, start + size)), None
+                start += size
+        finally:
+            closed.append(threading.current_thread().name)
+
+    expected = list(range(sum(sizes if fail_at is None else sizes[:fail_at])))
+    pre = Prefetcher(upstream(), n)
+    got = []
+    error = None
+    try:
+        for j, (items, _) in enumerate(pre):
+            got += items
+            time.sleep(pauses[-1 - j % 32])
+            if leave_after is not None and len(got) >= leave_after:
+                break
+    except _Boom as exc:
+        error = exc
+    pre.close()
+    assert got == expected[:len(got)]
+    if leave_after is None or leave_after > len(expected):
+        assert got == expected
+        assert (error is not None) == (fail_at is not None and fail_at < len(sizes))
+    assert _wait_for(lambda: not pre.alive)
+    assert len(closed) == 1  # the upstream ran its cleanup exactly once
 
 
 def test_prefetch_cuts_a_block_bigger_than_its_queue():
