@@ -790,6 +790,11 @@ def test_benchmark_runs_in_one_command_and_writes_json(tmp_path):
     for name in ("examples/read_records", "large/streamio-read_records", "large/raw-read"):
         assert "error" not in cases[name], cases[name]
         assert cases[name]["records"] == report["workloads"][name.split("/")[0]]["records"]
+    # The pipeline case has its own workload, and every variant delivers all of it.
+    for name in ("pipeline/bare-decode", "pipeline/shuffle-batch-prefetch",
+                 "pipeline/shuffle-batch-prefetch2", "pipeline/shuffle-batch"):
+        assert "error" not in cases[name], cases[name]
+        assert cases[name]["records"] == report["workloads"]["pipeline"]["records"]
     assert {r["name"] for r in report["ratios"]} >= {"examples: streamio / tf.data",
                                                      "csv: streamio / pandas"}
     assert not list((tmp_path / "work").glob("fifo-*"))  # every FIFO was removed
