@@ -169,14 +169,22 @@ def _reset_peak_rss() -> None:
         pass
 
 
-def _peak_rss_mib() -> Optional[float]:
+def _status_mib(field: str) -> Optional[float]:
+    """A memory figure of this process from /proc/self/status (``VmHWM``, ``VmRSS``), in MiB."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
+    return None
+
+
+def _peak_rss_mib() -> Optional[float]:
+    peak = _status_mib("VmHWM")
+    if peak is not None:
+        return peak
     try:
         import resource
 
@@ -186,14 +194,7 @@ def _peak_rss_mib() -> Optional[float]:
 
 
 def _rss_mib() -> Optional[float]:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    return _status_mib("VmRSS")
 
 
 # The writer process: says "ready", opens the FIFO (blocking until the reader opens it), writes
