@@ -27,6 +27,7 @@ import numpy as np
 
 from .decoders.example import encode_example
 from .errors import SourceError, require
+from .errors import UsageError
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_EPOCHS", "DEFAULT_RECORDS",
            "make_demo_data", "run_demo"]
@@ -213,10 +214,10 @@ def run_demo(framework: str = "torch", epochs: int = DEFAULT_EPOCHS, workdir: Op
     afterwards, if None). ``device`` (torch only): defaults to CUDA when available.
     """
     if framework not in _FRAMEWORKS:
-        raise ValueError(f"framework must be one of {_FRAMEWORKS}, not {framework!r}")
+        raise UsageError(f"framework must be one of {_FRAMEWORKS}, not {framework!r}")
     for name, value in (("epochs", epochs), ("records", records), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, not {value!r}")
+            raise UsageError(f"{name} must be a positive int, not {value!r}")
     # Fail with the pip install to run before starting the writer process.
     if framework == "torch":
         require("torch", "torch")

@@ -72,7 +72,7 @@ class RecordReader:
         check_common(on_error, max_record_size)
         check_timeout("read_timeout", read_timeout)
         if isinstance(read_size, bool) or not isinstance(read_size, int) or read_size <= 0:
-            raise ValueError(f"read_size must be a positive int, not {read_size!r}")
+            raise UsageError(f"read_size must be a positive int, not {read_size!r}")
         self.source = source
         self.source_name = source_name(source)
         self.format = format
@@ -239,9 +239,9 @@ def write_records(dest: Any, format: str, records: Iterable[bytes], *,
     try:
         encode = _ENCODERS[format]
     except (KeyError, TypeError):
-        raise ValueError(f"write_records supports {sorted(_ENCODERS)}, not {format!r}") from None
+        raise UsageError(f"write_records supports {sorted(_ENCODERS)}, not {format!r}") from None
     if multipart not in MULTIPART_CHOICES:
-        raise ValueError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
+        raise UsageError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
     if format == "recordio":
         encode = functools.partial(encode_recordio, multipart=multipart)
     check_compression(compression)

@@ -29,6 +29,7 @@ import numpy as np
 from ..decoders.sparse import SparseBatch
 from ..decoders.spec import FieldSpec
 from ..errors import UsageError, require
+from ..errors import UsageTypeError
 from . import check_splittable
 
 tf = require("tensorflow", "tf")
@@ -154,14 +155,14 @@ def to_tf(dataset: Any, *, input_context: Any = None) -> Any:
     """
     for name in ("with_context", "shard", "sources"):
         if not hasattr(dataset, name):
-            raise TypeError(f"to_tf needs a streamio Dataset, not {type(dataset).__name__}")
+            raise UsageTypeError(f"to_tf needs a streamio Dataset, not {type(dataset).__name__}")
     rank, world_size = 0, 1
     if input_context is not None:
         try:
             world_size = int(input_context.num_input_pipelines)
             rank = int(input_context.input_pipeline_id)
         except AttributeError:
-            raise TypeError("input_context must be a tf.distribute.InputContext, not"
+            raise UsageTypeError("input_context must be a tf.distribute.InputContext, not"
                             f" {type(input_context).__name__}") from None
         if world_size > 1:
             check_splittable(tuple(dataset.sources), world_size,

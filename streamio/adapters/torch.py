@@ -54,6 +54,7 @@ import numpy as np
 
 from ..decoders.sparse import SparseBatch
 from ..errors import UsageError, require
+from ..errors import UsageTypeError
 from ..sources import PipeChannel
 from . import check_splittable
 
@@ -147,7 +148,7 @@ def _distributed(explicit: Optional[tuple[int, int]],
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, not {value!r}")
+        raise UsageError(f"{name} must be an int >= {minimum}, not {value!r}")
 
 
 class _EpochCounter:
@@ -199,14 +200,14 @@ class StreamDataset(torch.utils.data.IterableDataset):
         super().__init__()
         for name in ("with_context", "shard", "sources"):
             if not hasattr(dataset, name):
-                raise TypeError(f"to_torch needs a streamio Dataset, not {type(dataset).__name__}")
+                raise UsageTypeError(f"to_torch needs a streamio Dataset, not {type(dataset).__name__}")
         if (rank is None) != (world_size is None):
-            raise ValueError("pass both rank and world_size, or neither")
+            raise UsageError("pass both rank and world_size, or neither")
         if world_size is not None:
             _check_int("world_size", world_size, 1)
             _check_int("rank", rank, 0)
             if rank >= world_size:
-                raise ValueError(f"rank {rank} is not below world_size {world_size}")
+                raise UsageError(f"rank {rank} is not below world_size {world_size}")
         self.dataset = dataset
         self.pin_memory = bool(pin_memory)
         self.rank = rank
@@ -329,7 +330,7 @@ def even_batches(batches: Iterable[Any], policy: EvenBatches = DEFAULT_EVEN_BATC
     rank) passes ``batches`` through.
     """
     if policy not in _EVEN_BATCHES:
-        raise ValueError(f"even_batches must be one of {_EVEN_BATCHES}, not {policy!r}")
+        raise UsageError(f"even_batches must be one of {_EVEN_BATCHES}, not {policy!r}")
     dist = torch.distributed
     active = (policy is not None and dist.is_available() and dist.is_initialized()
               and dist.get_world_size(group) > 1)
@@ -432,14 +433,14 @@ class DevicePrefetcher:
                  even_batches: EvenBatches = DEFAULT_EVEN_BATCHES, group: Any = None) -> None:
         _check_int("depth", depth, 1)
         if even_batches not in _EVEN_BATCHES:
-            raise ValueError(f"even_batches must be one of {_EVEN_BATCHES}, not {even_batches!r}")
+            raise UsageError(f"even_batches must be one of {_EVEN_BATCHES}, not {even_batches!r}")
         try:
             device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"not a torch device: {device!r} ({exc})") from None
+            raise UsageError(f"not a torch device: {device!r} ({exc})") from None
         if device.type == "cuda":
             if not torch.cuda.is_available():
-                raise ValueError(f"device {device} asked for, but torch.cuda.is_available() is"
+                raise UsageError(f"device {device} asked for, but torch.cuda.is_available() is"
                                  " False")
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())

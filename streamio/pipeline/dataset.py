@@ -24,6 +24,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..errors import DecodeError, FormatError
+from ..errors import UsageError, UsageTypeError
 from ..reader import RecordReader
 from ..sources import check_source
 from .prefetch import Prefetcher
@@ -93,9 +94,9 @@ class _Take:
 # -- argument checks ----------------------------------------------------------------------------
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        raise UsageTypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+        raise UsageError(f"{name} must be >= {minimum}, not {value}")
     return int(value)
 
 
@@ -129,14 +130,14 @@ def _expand(source: Any) -> list:
             matches = sorted(p for p in glob.glob(text, recursive=True)
                              if not os.path.basename(p).startswith(".") and _readable_entry(p))
             if not matches:
-                raise ValueError(f"no files match {text!r}")
+                raise UsageError(f"no files match {text!r}")
             return matches
         if os.path.isdir(text):
             files = sorted(os.path.join(text, name) for name in os.listdir(text)
                            if not name.startswith("."))
             files = [p for p in files if _readable_entry(p)]
             if not files:
-                raise ValueError(f"directory {text!r} holds no files to read")
+                raise UsageError(f"directory {text!r} holds no files to read")
             return files
     return [source]
 
@@ -144,7 +145,7 @@ def _expand(source: Any) -> list:
 def _expand_sources(source_or_list: Any) -> tuple:
     items = list(source_or_list) if isinstance(source_or_list, (list, tuple)) else [source_or_list]
     if not items:
-        raise ValueError("Dataset needs at least one source")
+        raise UsageError("Dataset needs at least one source")
     out: list = []
     for item in items:
         out.extend(_expand(item))
@@ -195,7 +196,7 @@ class Dataset:
         # opens nothing until it is iterated: build one now so mistakes surface here.
         RecordReader(sources[0], format, **reader_options)
         if decoder is not None and not callable(getattr(decoder, "decode_batch", None)):
-            raise TypeError("decoder must have a decode_batch() method, not"
+            raise UsageTypeError("decoder must have a decode_batch() method, not"
                             f" {type(decoder).__name__}")
         self._all_sources = sources
         self._format = format
@@ -307,9 +308,9 @@ class Dataset:
         long)."""
         batch_size = _check_int("batch_size", batch_size, 1)
         if not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last must be a bool, not {type(drop_last).__name__}")
+            raise UsageTypeError(f"drop_last must be a bool, not {type(drop_last).__name__}")
         if self._batched():
-            raise ValueError("this Dataset is already batched")
+            raise UsageError("this Dataset is already batched")
         return self._with_stage(_Batch(batch_size, drop_last))
 
     def shuffle_batches(self, n: int, *, seed: Optional[int] = None) -> "Dataset":
@@ -317,7 +318,7 @@ class Dataset:
         batches, so it costs no per-record work)."""
         n = _check_int("n", n, 1)
         if not self._batched():
-            raise ValueError("shuffle_batches() needs batch() first (use shuffle() for records)")
+            raise UsageError("shuffle_batches() needs batch() first (use shuffle() for records)")
         return self._with_stage(_ShuffleBatches(n, _check_seed(seed)))
 
     def prefetch(self, n: Optional[int] = None) -> "Dataset":
@@ -362,7 +363,7 @@ class Dataset:
         num_shards = _check_int("num_shards", num_shards, 1)
         index = _check_int("index", index, 0)
         if index >= num_shards:
-            raise ValueError(f"shard index must be in [0, {num_shards}), not {index}")
+            raise UsageError(f"shard index must be in [0, {num_shards}), not {index}")
         if num_shards == 1:
             return self._derive()
         if len(self._selection) >= num_shards:
@@ -384,9 +385,9 @@ class Dataset:
         rank = _check_int("rank", rank, 0)
         worker = _check_int("worker", worker, 0)
         if rank >= world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), not {rank}")
+            raise UsageError(f"rank must be in [0, {world_size}), not {rank}")
         if worker >= num_workers:
-            raise ValueError(f"worker must be in [0, {num_workers}), not {worker}")
+            raise UsageError(f"worker must be in [0, {num_workers}), not {worker}")
         context = PipelineContext(epoch, rank, world_size, worker, num_workers)
         return self._derive(_context=context)
 
