@@ -187,3 +187,18 @@ def test_errors_can_be_rebuilt_from_their_message():
         assert cls.message  # torch looks for a truthy class attribute
         err = cls(message="worker 1 said no")
         assert str(err) == err.message == "worker 1 said no"
+
+
+def test_licence_file_and_metadata():
+    root = PKG.parent
+    text = (root / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0")
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 202
+    setup = ast.parse((root / "setup.py").read_text())
+    call = next(n for n in ast.walk(setup) if isinstance(n, ast.Call)
+                and getattr(n.func, "id", None) == "setup")
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords
+              if k.arg in ("license", "license_expression", "license_files", "classifiers")}
+    assert kwargs["license_expression"] == kwargs["license"] == "Apache-2.0"
+    assert kwargs["license_files"] == ["LICENSE"]
+    assert "Programming Language :: Python :: 3" in kwargs["classifiers"]
