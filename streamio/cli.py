@@ -58,8 +58,9 @@ def _reader_options(args) -> dict:
 
 
 def _readers(args) -> Iterator[RecordReader]:
-    """One reader per source named on the command line (globs and directories expanded), made
-    as they are needed: all are checked first, then opened one at a time, in order."""
+    """One reader per source named on the command line (globs and directories expanded). All
+    are built (their arguments checked) before the first is read; each opens its source only
+    when it is read, one at a time, in order."""
     sources = expand_sources(list(args.sources))
     options = _reader_options(args)
     readers = [RecordReader(source, args.format, **options) for source in sources]
