@@ -18,6 +18,21 @@ setup(
     description="Stream CSV, TFRecord and RecordIO from pipes, HTTP and files into PyTorch and tf.data",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license_expression="Apache-2.0",  # SPDX (the License classifiers are deprecated)
+    license="Apache-2.0",  # the same, for setuptools older than 77
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Operating System :: MacOS",
+        "Programming Language :: C",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
+    ],
     packages=find_packages(include=["streamio", "streamio.*"]),
     package_data={"streamio": ["py.typed", "_data/*"]},
     ext_modules=[speedups] if os.path.exists("streamio/_speedups.c") else [],

@@ -12,7 +12,7 @@ from .decoders import (Csv, Example, FieldSpec, FixedLen, RecordIOProtobuf, Sequ
                        SparseBatch, VarLen, encode_example)
 from .errors import (CorruptRecordError, DecodeError, FormatError, MissingDependencyError,
                      RecordTooLargeError, SourceError, StreamioError, TruncatedStreamError,
-                     UsageError)
+                     UsageError, UsageTypeError)
 from .pipeline import Dataset
 from .reader import RecordReader, read_records, write_recordio_protobuf, write_records
 from .sources import PipeChannel
@@ -39,6 +39,7 @@ __all__ = [
     "StreamioError",
     "TruncatedStreamError",
     "UsageError",
+    "UsageTypeError",
     "VarLen",
     "encode_example",
     "errors",

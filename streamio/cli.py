@@ -1,6 +1,8 @@
-"""The ``streamio`` command: count, head, serve-pipe, demo, bench.
+"""The streamio command: count, head, serve-pipe, demo, bench.
 
-``python -m streamio`` is the same command. Errors from streamio print one line and exit 1.
+``python -m streamio`` is the same command. Errors from streamio print one line and exit 1;
+warnings (``--on-error warn``) print one line each, without a file name. Subcommands are built in
+:func:`build_parser`, one ``cmd_*`` function each.
 """
 
 from __future__ import annotations
@@ -10,14 +12,20 @@ import os
 import stat
 import sys
 import time
-from typing import Optional, Sequence
+import warnings
+from typing import Any, Iterator, Optional, Sequence, TextIO
 
-from .errors import StreamioError
-from .reader import RecordReader
+from .errors import StreamioError, StreamioWarning
+from .reader import ReaderStats, RecordReader, expand_sources
 
 FORMAT_CHOICES = ("tfrecord", "recordio", "csv", "lines")
 COMPRESSION_CHOICES = ("infer", "none", "gzip", "zlib")
 SERVE_CHUNK = 1024 * 1024
+
+
+#: ``count`` shows progress on a terminal once it has run this long, then this often.
+PROGRESS_DELAY_S = 1.0
+PROGRESS_INTERVAL_S = 0.25
 
 
 def _positive(text: str) -> int:
@@ -27,51 +35,101 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
 def _compression(value: str) -> Optional[str]:
     return None if value == "none" else value
 
 
-def _reader(args) -> RecordReader:
-    options = {}
+def _reader_options(args) -> dict:
+    options: dict[str, Any] = dict(compression=_compression(args.compression),
+                                   verify=not args.no_verify, on_error=args.on_error)
     if getattr(args, "multipart", None):
         options["multipart"] = args.multipart
-    return RecordReader(args.source, args.format, compression=_compression(args.compression),
-                        verify=not args.no_verify, on_error=args.on_error, **options)
+    return options
+
+
+def _readers(args) -> Iterator[RecordReader]:
+    """One reader per source named on the command line (globs and directories expanded). All
+    are built (their arguments checked) before the first is read; each opens its source only
+    when it is read, one at a time, in order."""
+    sources = expand_sources(list(args.sources))
+    options = _reader_options(args)
+    readers = [RecordReader(source, args.format, **options) for source in sources]
+    yield from readers
+
+
+class Progress:
+    """A one-line progress display (records, MB, MB/s) rewritten in place on a terminal."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.start = time.monotonic()
+        self.next = self.start + PROGRESS_DELAY_S
+        self.shown = False
+
+    def update(self, records: int, nbytes: int) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + PROGRESS_INTERVAL_S
+        elapsed = now - self.start
+        self.stream.write(f"\r{records:,} records  {nbytes / 1e6:,.1f} MB"
+                          f"  {nbytes / 1e6 / elapsed:,.1f} MB/s\x1b[K")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:  # leave the terminal line clean for the result
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 def cmd_count(args) -> int:
-    reader = _reader(args)
-    count = sum(len(records) for records in reader.record_lists())
-    print(count)
-    stats = reader.stats
-    if stats.skipped_records:
-        print(f"skipped {stats.skipped_records} damaged records ({stats.skipped_bytes} bytes)",
+    progress = Progress(sys.stderr) if sys.stderr.isatty() else None
+    total = 0
+    done = ReaderStats()  # of the sources read to the end
+    try:
+        for reader in _readers(args):
+            with reader:
+                for records in reader.record_lists():
+                    total += len(records)
+                    if progress is not None:
+                        progress.update(total, done.bytes_read + reader.stats.bytes_read)
+            done.add(reader.stats)
+    finally:
+        if progress is not None:
+            progress.close()
+    print(total)
+    if done.skipped_records:
+        print(f"skipped {done.skipped_records} damaged records ({done.skipped_bytes} bytes)",
               file=sys.stderr)
     return 0
 
 
-def _preview(record: bytes, width: int) -> str:
-    text = record[:width]
-    try:
-        shown = text.decode("utf-8")
-        if not shown.isprintable():
-            raise ValueError
-        shown = repr(shown)
-    except (UnicodeDecodeError, ValueError):
-        shown = text.hex(" ")
-    return shown + (" ..." if len(record) > width else "")
-
-
 def cmd_head(args) -> int:
-    reader = _reader(args)
+    from .preview import preview
+
     shown = 0
-    with reader:
-        for records in reader.record_lists():
-            for record in records:
-                if shown >= args.n:
-                    return 0
-                print(f"{shown}\t{len(record)} bytes\t{_preview(record, args.width)}")
-                shown += 1
+    if args.n == 0:
+        return 0
+    for reader in _readers(args):
+        with reader:
+            for records in reader.record_lists():
+                for record in records:
+                    print(f"{shown}\t{len(record)} bytes\t"
+                          f"{preview(record, args.format, args.width)}")
+                    shown += 1
+                    if shown >= args.n:
+                        return 0
     return 0
 
 
@@ -85,6 +143,10 @@ def serve_pipe(channel: str, epochs: int, files: Sequence[str], *, start_epoch: 
     for path in files:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"not a file: {path}")
+    directory = os.path.dirname(os.path.abspath(channel))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot create the FIFOs {channel}_<epoch>: directory {directory}"
+                                " does not exist")
     for epoch in range(start_epoch, start_epoch + epochs):
         fifo = f"{channel}_{epoch}"
         if os.path.exists(fifo):
@@ -160,35 +222,43 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="streamio", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"streamio {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def reading(p):
-        p.add_argument("source", help="path, FIFO, '-' (stdin) or URL")
+        p.add_argument("sources", nargs="+", metavar="SOURCE",
+                       help="path, glob, directory, FIFO, '-' (stdin) or URL; several are read in"
+                            " order")
         p.add_argument("--format", "-f", required=True, choices=FORMAT_CHOICES)
         p.add_argument("--compression", "-c", default="infer", choices=COMPRESSION_CHOICES)
         p.add_argument("--on-error", default="raise", choices=("raise", "skip", "warn"))
         p.add_argument("--no-verify", action="store_true", help="skip TFRecord CRC checks")
         p.add_argument("--multipart", choices=("dmlc", "concat"), help="RecordIO part joining")
 
-    p = sub.add_parser("count", help="print the number of records")
+    p = sub.add_parser("count", help="print the number of records (progress on a terminal)")
     reading(p)
     p.set_defaults(func=cmd_count)
-    p = sub.add_parser("head", help="show the first records (length and a preview)")
+    p = sub.add_parser("head", help="show the first records (length and a preview: Examples"
+                                    " decoded, text rows as text)")
     reading(p)
-    p.add_argument("-n", type=int, default=10, help="how many records (default 10)")
-    p.add_argument("--width", type=int, default=60, help="preview bytes per record")
+    p.add_argument("-n", type=_non_negative, default=10, help="how many records (default 10)")
+    p.add_argument("--width", type=_positive, default=100,
+                   help="preview characters per record (default 100)")
     p.set_defaults(func=cmd_head)
     p = sub.add_parser("serve-pipe", help="emulate SageMaker Pipe mode: FILES into CHANNEL_<epoch>")
     p.add_argument("--channel", required=True, help="path prefix, e.g. /opt/ml/input/data/train")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--start-epoch", type=int, default=0)
+    p.add_argument("--epochs", type=_positive, default=1)
+    p.add_argument("--start-epoch", type=_non_negative, default=0)
     p.add_argument("--open-timeout", type=float, default=300.0,
                    help="seconds to wait for a reader to open each FIFO")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_serve_pipe)
     p = sub.add_parser("demo", help="train a tiny model from a Pipe mode FIFO on bundled data")
-    p.add_argument("--framework", default="torch", choices=("torch", "tf"))
+    p.add_argument("--framework", default="auto", choices=("auto", "numpy", "torch", "tf"),
+                   help="auto (the default): torch if it is installed, else numpy")
     p.add_argument("--epochs", type=_positive, default=2)
     p.add_argument("--records", type=_positive, default=4096, help="synthetic records to write")
     p.add_argument("--batch-size", type=_positive, default=64)
@@ -212,7 +282,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except StreamioError as exc:
         print(f"streamio: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -227,6 +299,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+
+
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
+                  line: Optional[str] = None) -> None:
+    """Warnings as one line, without the file and line inside streamio that issued them."""
+    label = "warning" if issubclass(category, StreamioWarning) else category.__name__
+    print(f"streamio: {label}: {message}", file=sys.stderr if file is None else file)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,6 +1,8 @@
 """``streamio demo``: train a tiny model from an emulated SageMaker Pipe mode channel.
 
-Nothing but the installed package (plus PyTorch, or TensorFlow for ``framework="tf"``) is needed:
+Nothing but the installed package is needed: ``framework="auto"`` (the default) trains with PyTorch
+when it is installed and otherwise with a small numpy model (logistic regression), and
+``framework="tf"`` with Keras:
 
 1. a small synthetic dataset (a few thousand ``tf.train.Example`` records: 16 float features and a
    0/1 label from a fixed linear rule with label noise) is written as TFRecord, encoded here
@@ -8,8 +10,9 @@ Nothing but the installed package (plus PyTorch, or TensorFlow for ``framework="
 2. ``streamio serve-pipe`` runs as a separate process, as SageMaker's agent would, and serves the
    file on ``<workdir>/train_<epoch>`` FIFOs, one per epoch;
 3. the training loop reads a :class:`~streamio.PipeChannel` through ``Dataset(...).shuffle()
-   .batch().prefetch()`` and ``to_torch()`` + ``to_device()`` (or ``to_tf()`` and Keras), and
-   prints each epoch's loss, records per second and the time the model waited for data.
+   .batch().prefetch()`` (and ``to_torch()`` + ``to_device()``, or ``to_tf()`` and Keras, or the
+   batches' numpy arrays directly), and prints each epoch's loss, records per second and the
+   time the model waited for data.
 """
 
 from __future__ import annotations
@@ -19,14 +22,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import importlib.util
+import math
 import time
-import warnings
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .decoders.example import encode_example
 from .errors import SourceError, require
+from .errors import UsageError
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_EPOCHS", "DEFAULT_RECORDS",
            "make_demo_data", "run_demo"]
@@ -40,7 +45,9 @@ DEFAULT_SHUFFLE_BUFFER = 1024
 DEFAULT_PREFETCH = 4
 DEFAULT_SEED = 0
 FEATURES = 16
-_FRAMEWORKS = ("torch", "tf")
+_FRAMEWORKS = ("auto", "numpy", "torch", "tf")
+#: The numpy model's step size (Adam): the loss falls visibly within the first epoch.
+_NUMPY_LEARNING_RATE = 0.05
 #: How long the writer process waits for the training loop to open each epoch's FIFO.
 _SERVE_OPEN_TIMEOUT = 60.0
 
@@ -80,6 +87,51 @@ def _dataset(channel_prefix: str, *, batch_size: int, seed: int) -> Any:
 
 
 # -- training -------------------------------------------------------------------------------------
+def _train_numpy(ds: Any, epochs: int, *, seed: int, report: Callable[[dict], None]) -> list:
+    """Logistic regression trained with Adam on the batches' numpy arrays: no framework."""
+    rng = np.random.default_rng(seed)
+    params = [rng.normal(scale=0.01, size=FEATURES), np.zeros(1)]
+    moments = [(np.zeros_like(p), np.zeros_like(p)) for p in params]
+    beta1, beta2, step = 0.9, 0.999, 0
+    results = []
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        waited = 0.0
+        total, records = 0.0, 0
+        iterator = iter(ds)
+        while True:
+            t1 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            finally:
+                waited += time.perf_counter() - t1
+            x = batch["x"].astype(np.float64)
+            y = batch["y"].astype(np.float64)
+            weights, bias = params[0], params[1][0]
+            logits = x @ weights + bias
+            # Binary cross-entropy from logits, written to stay finite for large |logits|.
+            loss = np.maximum(logits, 0) - logits * y + np.log1p(np.exp(-np.abs(logits)))
+            error = (1.0 / (1.0 + np.exp(-logits)) - y) / len(y)
+            grads = [x.T @ error, np.array([error.sum()])]
+            step += 1
+            for k, (param, grad) in enumerate(zip(params, grads)):
+                m, v = moments[k]
+                m[:] = beta1 * m + (1 - beta1) * grad
+                v[:] = beta2 * v + (1 - beta2) * grad * grad
+                m_hat = m / (1 - beta1 ** step)
+                v_hat = v / (1 - beta2 ** step)
+                param -= _NUMPY_LEARNING_RATE * m_hat / (np.sqrt(v_hat) + 1e-8)
+            total += float(loss.sum())
+            records += len(y)
+        elapsed = time.perf_counter() - t0
+        figures = _figures(epoch, total / max(records, 1), records, elapsed, waited, "numpy, cpu")
+        report(figures)
+        results.append(figures)
+    return results
+
+
 def _train_torch(ds: Any, epochs: int, *, device: Optional[str], seed: int,
                  report: Callable[[dict], None]) -> list:
     import torch
@@ -157,7 +209,10 @@ def _train_tf(ds: Any, epochs: int, *, records: int, seed: int,
 
     tf.keras.utils.set_random_seed(seed)
     waited = [0.0]
-    tfds = (to_tf(_TimedDataset(ds, waited))
+    batch_size = ds.batch_size
+    # A known number of batches per epoch: Keras then ends each epoch without its "Your input ran
+    # out of data" warning (see streamio.adapters.tf).
+    tfds = (to_tf(_TimedDataset(ds, waited), batches=math.ceil(records / batch_size))
             .map(lambda b: (b["x"], tf.cast(b["y"], tf.float32)))
             .prefetch(tf.data.AUTOTUNE))
     model = tf.keras.Sequential([tf.keras.Input((FEATURES,)),
@@ -180,11 +235,7 @@ def _train_tf(ds: Any, epochs: int, *, records: int, seed: int,
             report(figures)
             results.append(figures)
 
-    with warnings.catch_warnings():
-        # Keras 3 warns at the end of the first epoch of a dataset of unknown length ("ran out
-        # of data"): a stream's length is unknown until it ends, so that is expected here.
-        warnings.filterwarnings("ignore", message="Your input ran out of data")
-        model.fit(tfds, epochs=epochs, verbose=0, shuffle=False, callbacks=[Report()])
+    model.fit(tfds, epochs=epochs, verbose=0, shuffle=False, callbacks=[Report()])
     return results
 
 
@@ -201,7 +252,18 @@ def _print_figures(figures: dict) -> None:
           f" {figures['data_wait_s'] * 1000:.0f} ms ({figures['device']})", flush=True)
 
 
-def run_demo(framework: str = "torch", epochs: int = DEFAULT_EPOCHS, workdir: Optional[str] = None,
+def resolve_framework(framework: str) -> str:
+    """``"auto"``: torch if it is installed, else numpy; other names as they are."""
+    if framework == "auto":
+        try:
+            found = importlib.util.find_spec("torch") is not None
+        except (ImportError, ValueError):  # a broken or blocked install counts as none
+            found = False
+        return "torch" if found else "numpy"
+    return framework
+
+
+def run_demo(framework: str = "auto", epochs: int = DEFAULT_EPOCHS, workdir: Optional[str] = None,
              *, records: int = DEFAULT_RECORDS, batch_size: int = DEFAULT_BATCH_SIZE,
              seed: int = DEFAULT_SEED, device: Optional[str] = None,
              verbose: bool = True) -> dict:
@@ -209,18 +271,20 @@ def run_demo(framework: str = "torch", epochs: int = DEFAULT_EPOCHS, workdir: Op
 
     Each epoch's figures: ``epoch``, ``loss`` (mean over the epoch's records), ``records``,
     ``seconds``, ``records_per_s``, ``data_wait_s`` (time the training loop waited for data) and
-    ``device``. ``workdir``: where the data file and FIFOs go (a temporary directory, removed
+    ``device``. ``framework``: ``"auto"`` (torch if installed, else numpy), ``"numpy"``,
+    ``"torch"`` or ``"tf"`` (Keras). ``workdir``: where the data file and FIFOs go (a temporary directory, removed
     afterwards, if None). ``device`` (torch only): defaults to CUDA when available.
     """
     if framework not in _FRAMEWORKS:
-        raise ValueError(f"framework must be one of {_FRAMEWORKS}, not {framework!r}")
+        raise UsageError(f"framework must be one of {_FRAMEWORKS}, not {framework!r}")
     for name, value in (("epochs", epochs), ("records", records), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, not {value!r}")
+            raise UsageError(f"{name} must be a positive int, not {value!r}")
+    framework = resolve_framework(framework)
     # Fail with the pip install to run before starting the writer process.
     if framework == "torch":
         require("torch", "torch")
-    else:
+    elif framework == "tf":
         # The demo's output is its figures: keep TensorFlow's C++ start-up notices out of it
         # (a user's own setting wins).
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -242,6 +306,8 @@ def run_demo(framework: str = "torch", epochs: int = DEFAULT_EPOCHS, workdir: Op
         ds = _dataset(channel, batch_size=batch_size, seed=seed)
         if framework == "torch":
             results = _train_torch(ds, epochs, device=device, seed=seed, report=report)
+        elif framework == "numpy":
+            results = _train_numpy(ds, epochs, seed=seed, report=report)
         else:
             results = _train_tf(ds, epochs, records=records, seed=seed, report=report)
         _, err = writer.communicate(timeout=_SERVE_OPEN_TIMEOUT)

@@ -10,20 +10,35 @@ Every exception streamio raises on purpose derives from :class:`StreamioError`::
      |    +-- DecodeError            a well-framed record does not decode (attribute: field)
      +-- SourceError            reading the bytes failed (I/O, HTTP status, timeouts); ``__cause__``
      |                          holds the original exception where there is one
-     +-- UsageError             the API was used in a way that cannot work (re-reading a consumed
-     |                          stream, for example)
+     +-- UsageError             a bad argument value, or the API used in a way that cannot work
+     |                          (re-reading a consumed stream, for example); also a ``ValueError``
+     +-- UsageTypeError         an argument of the wrong type, an unknown keyword, or an
+     |                          operation a stream does not support (``len()``); also a
+     |                          ``TypeError`` (not a ``ValueError``, so ``except ValueError``
+     |                          code sees type mistakes exactly as before)
      +-- MissingDependencyError an optional dependency is not installed; the message says which
                                 ``pip install`` fixes it (also an ``ImportError``)
+
+Usage mistakes are both streamio errors and the built-in exceptions they used to be, so
+``except ValueError`` / ``except TypeError`` code keeps working and ``except StreamioError``
+catches every mistake streamio reports.
 
 ``offset`` is the byte offset in the *decompressed* stream where the faulty record starts (or
 where the fault was detected, when no record start is known); ``record_index`` is the 0-based
 index of the faulty record among all records of that source, delivered or skipped. Either may be
 ``None`` where the layer that raised cannot know it (a decoder sees records, not bytes).
+
+Every class accepts its message as ``message=`` too, and ``error.message`` is ``str(error)``:
+PyTorch's DataLoader re-raises a worker's exception as ``type(message=...)`` when the type has a
+``message`` attribute, and otherwise from a local variable, which makes a reference cycle
+(exception -> traceback -> frame -> exception) that keeps the failed epoch's DataLoader iterator
+alive until the garbage collector runs, possibly inside the next epoch's forked workers, where its
+``__del__`` fails with "AssertionError: can only test a child process".
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = [
     "CorruptRecordError",
@@ -36,11 +51,26 @@ __all__ = [
     "StreamioWarning",
     "TruncatedStreamError",
     "UsageError",
+    "UsageTypeError",
 ]
+
+
+class _Message:
+    """``error.message``: the error's text. A non-data descriptor, so it is truthy on the class
+    (what the DataLoader looks for, see the module docstring) and a subclass may still assign
+    ``self.message``."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else str(obj)
 
 
 class StreamioError(Exception):
     """Root of every exception streamio raises on purpose."""
+
+    message = _Message()
+
+    def __init__(self, *args: Any, message: Optional[str] = None) -> None:
+        super().__init__(*((message,) if message is not None else ()), *args)
 
 
 class StreamioWarning(UserWarning):
@@ -136,17 +166,25 @@ class SourceError(StreamioError):
         super().__init__(f"{message} (source {source})" if source is not None else message)
 
 
-class UsageError(StreamioError):
-    """The API was used in a way that cannot work, such as re-reading a consumed stream."""
+class UsageError(StreamioError, ValueError):
+    """A bad argument value, or the API used in a way that cannot work (re-reading a consumed
+    stream, for example). Also a ``ValueError``."""
+
+
+class UsageTypeError(StreamioError, TypeError):
+    """An argument of the wrong type, an unknown keyword argument, or an operation a stream does
+    not support (``len(dataset)``). Also a ``TypeError``."""
 
 
 class MissingDependencyError(StreamioError, ImportError):
     """An optional dependency is missing; the message names the ``pip install`` that fixes it."""
 
-    def __init__(self, module: str, extra: str) -> None:
+    def __init__(self, module: str = "", extra: str = "", *,
+                 message: Optional[str] = None) -> None:
         self.module = module
         self.extra = extra
         super().__init__(
+            message if message is not None else
             f"{module} is required for this feature: pip install 'streamio[{extra}]'"
             f" (or pip install {module})"
         )

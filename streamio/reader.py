@@ -6,8 +6,12 @@ records. Everything below this module is pure (codecs, formats); everything abov
 
 from __future__ import annotations
 
+import difflib
 import functools
+import glob
+import inspect
 import os
+import stat
 import sys
 import time
 import weakref
@@ -16,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
 
 from .codecs import check_compression, infer_compression, make_codec
-from .errors import SourceError, UsageError
-from .formats import DEFAULT_MAX_RECORD_SIZE, encode_recordio, encode_tfrecord, make_framer
+from .errors import SourceError, UsageError, UsageTypeError
+from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_tfrecord,
+                      make_framer)
 from .formats.recordio import MULTIPART_CHOICES
 from .formats._base import check_common
 from .sources import ByteSource, PipeChannel, check_source, open_source, source_name
@@ -49,6 +54,80 @@ class ReaderStats:
             setattr(self, field, getattr(self, field) + getattr(other, field))
 
 
+def _reader_keywords() -> frozenset:
+    """The keywords RecordReader itself takes (read from its signature, so it stays true)."""
+    params = inspect.signature(RecordReader.__init__).parameters
+    return frozenset(name for name, p in params.items()
+                     if p.kind is inspect.Parameter.KEYWORD_ONLY) | READER_OPTIONS
+
+
+def check_keywords(format: Any, options: Iterable[str], *, also: Iterable[str] = ()) -> None:
+    """Raise :class:`UsageTypeError` naming the first keyword in ``options`` that neither the
+    readers nor ``format`` take, with the closest known keyword as a suggestion (a typo such as
+    ``compresion=`` would otherwise be blamed on the format). ``also``: the caller's own
+    keywords, which are known too. An unknown format is left to :func:`make_framer` to name."""
+    entry = FORMATS.get(format) if isinstance(format, str) else None
+    if entry is None:
+        return
+    known = _reader_keywords() | entry[1] | frozenset(also)
+    unknown = [name for name in options if name not in known]
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}=?" if close else ""
+    raise UsageTypeError(f"unknown keyword argument {name}={hint} (with format {format!r} the"
+                         f" keywords are: {', '.join(sorted(known))})")
+
+
+def _is_glob(text: str) -> bool:
+    return glob.has_magic(text) and not os.path.exists(text)
+
+
+def _readable_entry(path: str) -> bool:
+    # Regular files and FIFOs; directories are not descended into and hidden files are skipped.
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
+
+
+def _expand(source: Any) -> list:
+    """One user-given source -> the sources it names (a glob or directory names several)."""
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if isinstance(text, bytes) or text == "-" or "://" in text:
+            return [source]
+        if _is_glob(text):
+            matches = sorted(p for p in glob.glob(text, recursive=True)
+                             if not os.path.basename(p).startswith(".") and _readable_entry(p))
+            if not matches:
+                raise UsageError(f"no files match {text!r}")
+            return matches
+        if os.path.isdir(text):
+            files = sorted(os.path.join(text, name) for name in os.listdir(text)
+                           if not name.startswith("."))
+            files = [p for p in files if _readable_entry(p)]
+            if not files:
+                raise UsageError(f"directory {text!r} holds no files to read")
+            return files
+    return [source]
+
+
+def expand_sources(source_or_list: Any) -> tuple:
+    """The sources a user's ``source_or_list`` names, in order: a list or tuple is read item by
+    item; a glob (``"data/*.tfrecord"``) gives its matches, sorted; a directory its files, sorted
+    (hidden ones and subdirectories skipped); anything else is one source."""
+    items = list(source_or_list) if isinstance(source_or_list, (list, tuple)) else [source_or_list]
+    if not items:
+        raise UsageError("no source given (an empty list)")
+    out: list = []
+    for item in items:
+        out.extend(_expand(item))
+    return tuple(out)
+
+
 def _is_file_object(source: Any) -> bool:
     return not isinstance(source, (str, os.PathLike, bytes, bytearray, memoryview, PipeChannel,
                                    ByteSource))
@@ -67,12 +146,13 @@ class RecordReader:
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
                  read_size: int = DEFAULT_READ_SIZE, read_timeout: Optional[float] = None,
                  **format_options: Any) -> None:
+        check_keywords(format, format_options)
         check_source(source)
         check_compression(compression)
         check_common(on_error, max_record_size)
         check_timeout("read_timeout", read_timeout)
         if isinstance(read_size, bool) or not isinstance(read_size, int) or read_size <= 0:
-            raise ValueError(f"read_size must be a positive int, not {read_size!r}")
+            raise UsageError(f"read_size must be a positive int, not {read_size!r}")
         self.source = source
         self.source_name = source_name(source)
         self.format = format
@@ -200,16 +280,19 @@ def read_records(source: Any, format: str, *, compression: Optional[str] = "infe
                  verify: bool = True, on_error: str = "raise", multipart: str = "dmlc",
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
                  **format_options: Any) -> Iterator[bytes]:
-    """Yield the records of ``source`` (or of each source of a list, in order) as ``bytes``.
+    """Yield the records of ``source`` as ``bytes``; several sources are read in order, one
+    open at a time.
 
     ``source``: a path (regular file or named pipe), ``"-"`` for stdin, an http(s) URL, an
-    ``s3://``/``gs://``... URL (smart_open), a binary file object, bytes, or a PipeChannel.
+    ``s3://``/``gs://``... URL (smart_open), a binary file object, bytes, a PipeChannel, a glob
+    (``"data/*.tfrecord"``: its matches, sorted), a directory (its files, sorted, hidden ones
+    skipped), or a list of these (as :class:`~streamio.Dataset` takes them).
     ``format``: ``"tfrecord"``, ``"recordio"``, ``"csv"`` or ``"lines"``. Arguments are checked
     now; reading starts with the first ``next()``. Errors are :class:`StreamioError` subclasses
     that name the source, byte offset and record; every whole record before a fault is delivered.
     Extra keywords: ``read_size``, ``read_timeout`` and format options (``quotechar`` for csv).
     """
-    sources = list(source) if isinstance(source, (list, tuple)) else [source]
+    sources = expand_sources(source)
     readers = [RecordReader(s, format, compression=compression, verify=verify, on_error=on_error,
                             multipart=multipart, max_record_size=max_record_size,
                             **format_options) for s in sources]
@@ -239,9 +322,9 @@ def write_records(dest: Any, format: str, records: Iterable[bytes], *,
     try:
         encode = _ENCODERS[format]
     except (KeyError, TypeError):
-        raise ValueError(f"write_records supports {sorted(_ENCODERS)}, not {format!r}") from None
+        raise UsageError(f"write_records supports {sorted(_ENCODERS)}, not {format!r}") from None
     if multipart not in MULTIPART_CHOICES:
-        raise ValueError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
+        raise UsageError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
     if format == "recordio":
         encode = functools.partial(encode_recordio, multipart=multipart)
     check_compression(compression)
@@ -293,5 +376,5 @@ def write_recordio_protobuf(dest: Any, features: Any, labels: Any = None, *,
                   compression=compression, multipart="concat")
 
 
-__all__ = ["DEFAULT_READ_SIZE", "READER_OPTIONS", "ReaderStats", "RecordReader", "read_records",
-           "write_recordio_protobuf", "write_records"]
+__all__ = ["DEFAULT_READ_SIZE", "READER_OPTIONS", "ReaderStats", "RecordReader", "check_keywords",
+           "expand_sources", "read_records", "write_recordio_protobuf", "write_records"]

@@ -74,3 +74,131 @@ def test_missing_dependency_names_the_pip_install():
 
 def test_py_typed_is_shipped():
     assert (PKG / "py.typed").exists()
+
+
+# -- usage mistakes ---------------------------------------------------------------------------
+def test_usage_errors_are_streamio_errors_and_the_builtins_they_replace():
+    assert issubclass(errors.UsageError, errors.StreamioError)
+    assert issubclass(errors.UsageError, ValueError)
+    assert issubclass(errors.UsageTypeError, errors.StreamioError)
+    assert issubclass(errors.UsageTypeError, TypeError)
+    assert not issubclass(errors.UsageTypeError, ValueError)  # `except ValueError` unchanged
+    assert "UsageTypeError" in errors.__doc__ and "UsageTypeError" in streamio.__all__
+
+
+@pytest.mark.parametrize("call, builtin", [
+    (lambda: streamio.read_records(b"", "tfrecord", on_error="ignore"), ValueError),
+    (lambda: streamio.read_records(b"", "tfrecord", max_record_size="big"), TypeError),
+    (lambda: streamio.read_records(b"", "nope"), ValueError),
+    (lambda: streamio.read_records(12, "tfrecord"), TypeError),
+    (lambda: streamio.read_records(b"", "tfrecord", read_timeout=-1), ValueError),
+    (lambda: streamio.Dataset(b"", "tfrecord").batch(0), ValueError),
+    (lambda: streamio.Dataset(b"", "tfrecord").batch(2.5), TypeError),
+    (lambda: streamio.Dataset(b"", "tfrecord").shard(2, 2), ValueError),
+    (lambda: streamio.FixedLen(-1, "float32"), ValueError),
+    (lambda: streamio.Example([1]), TypeError),
+    (lambda: streamio.Csv(header="yes"), TypeError),
+    (lambda: streamio.write_records(b"", "csv", []), ValueError),
+    (lambda: streamio.PipeChannel("/tmp/x", start_epoch=-1), ValueError),
+])
+def test_every_bad_argument_is_catchable_both_ways(call, builtin):
+    with pytest.raises(builtin) as info:
+        call()
+    assert isinstance(info.value, errors.StreamioError), type(info.value)
+
+
+# Raises of a bare ValueError/TypeError that are internal control flow, never seen by users.
+_INTERNAL_RAISES = {("cli.py", "_preview"), ("pipeline/dataset.py", "build"),
+                    ("decoders/csv.py", "_to_bool"), ("bench.py", None)}
+
+
+def test_no_bare_value_or_type_error_is_raised_for_arguments():
+    """Every argument check raises UsageError / UsageTypeError (issue 10, finding 12)."""
+    found = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).as_posix()
+        tree = ast.parse(path.read_text())
+        owner = {}  # node -> name of the innermost function holding it
+        for func in ast.walk(tree):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(func):
+                    owner[node] = func.name  # inner functions are walked later and win
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                    and isinstance(node.exc.func, ast.Name)
+                    and node.exc.func.id in ("ValueError", "TypeError")):
+                name = owner.get(node)
+                if (rel, name) not in _INTERNAL_RAISES and (rel, None) not in _INTERNAL_RAISES:
+                    found.append(f"{rel}:{node.lineno} in {name}")
+    assert not found, found
+
+
+def test_a_keyword_typo_is_named_with_a_suggestion():
+    with pytest.raises(errors.UsageTypeError, match=r"compresion=; did you mean compression="):
+        streamio.Dataset(b"", "tfrecord", compresion="gzip")
+    with pytest.raises(TypeError, match=r"decodr=; did you mean decoder="):
+        streamio.Dataset(b"", "tfrecord", decodr=None)
+    with pytest.raises(TypeError, match=r"quotechr=; did you mean quotechar="):
+        list(streamio.read_records(b"a\n", "csv", quotechr="'"))
+    assert list(streamio.read_records(b"'a,b',c\n", "csv", quotechar="'")) == [b"'a,b',c"]
+
+
+def test_repr_shows_sources_arguments_and_stages(tmp_path):
+    paths = []
+    for k in range(6):
+        paths.append(str(tmp_path / f"part-{k}.tfrecord"))
+        streamio.write_records(paths[-1], "tfrecord", [b"x"])
+    ds = (streamio.Dataset(str(tmp_path / "*.tfrecord"), "tfrecord", compression=None,
+                           decoder=streamio.Example({"y": streamio.FixedLen([], "int64")}))
+          .shuffle(100, seed=3).batch(8, drop_last=True).prefetch())
+    text = repr(ds)
+    assert text.startswith(f"Dataset([{paths[0]!r}, {paths[1]!r}, {paths[2]!r}, ... (6 sources),"
+                           f" {paths[5]!r}], 'tfrecord', decoder=Example(")
+    assert "compression=None" in text
+    assert text.endswith(".shuffle(100, seed=3).batch(8, drop_last=True).prefetch()")
+    assert repr(streamio.Dataset(paths[0], "tfrecord")) == f"Dataset({paths[0]!r}, 'tfrecord')"
+
+
+def test_len_explains_that_a_stream_has_no_length():
+    ds = streamio.Dataset(b"", "tfrecord")
+    with pytest.raises(TypeError, match=r"stream.*call ds\.to_torch\(\)") as info:
+        len(ds)
+    assert isinstance(info.value, errors.UsageTypeError)
+    assert list(ds) == []  # list() asks len() for a size hint: a TypeError is ignored there
+
+
+def test_read_records_takes_several_sources_globs_and_directories(tmp_path):
+    for k in range(3):
+        streamio.write_records(str(tmp_path / f"p{k}.tfrecord"), "tfrecord", [b"%d" % k])
+    (tmp_path / ".hidden").write_bytes(b"junk")
+    assert list(streamio.read_records(str(tmp_path / "p*.tfrecord"), "tfrecord")) == [
+        b"0", b"1", b"2"]
+    assert list(streamio.read_records(str(tmp_path), "tfrecord")) == [b"0", b"1", b"2"]
+    assert list(streamio.read_records([str(tmp_path / "p2.tfrecord"), b""], "tfrecord")) == [b"2"]
+    with pytest.raises(errors.UsageError, match="no files match"):
+        streamio.read_records(str(tmp_path / "*.rec"), "recordio")
+
+
+def test_errors_can_be_rebuilt_from_their_message():
+    """What DataLoader does with a worker's exception: type(message=...)."""
+    for cls in (errors.StreamioError, errors.UsageError, errors.UsageTypeError,
+                errors.CorruptRecordError, errors.DecodeError, errors.SourceError,
+                errors.MissingDependencyError):
+        assert cls.message  # torch looks for a truthy class attribute
+        err = cls(message="worker 1 said no")
+        assert str(err) == err.message == "worker 1 said no"
+
+
+def test_licence_file_and_metadata():
+    root = PKG.parent
+    text = (root / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0")
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 202
+    setup = ast.parse((root / "setup.py").read_text())
+    call = next(n for n in ast.walk(setup) if isinstance(n, ast.Call)
+                and getattr(n.func, "id", None) == "setup")
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords
+              if k.arg in ("license", "license_expression", "license_files", "classifiers")}
+    assert kwargs["license_expression"] == kwargs["license"] == "Apache-2.0"
+    assert kwargs["license_files"] == ["LICENSE"]
+    assert "Programming Language :: Python :: 3" in kwargs["classifiers"]

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from streamio.demo import DEFAULT_RECORDS, run_demo
+from streamio.errors import StreamioError
 
 DEMO_TIMEOUT = 120  # the demo takes seconds; this only stops a hang from stalling CI
 EPOCH_LINE = re.compile(r"^epoch (\d+): loss ([0-9.]+)\s+(\d+) records\s+([0-9,]+) records/s"
@@ -55,8 +56,34 @@ def test_cli_demo_with_keras():
     assert epochs[1][1] < epochs[0][1]
 
 
+def test_run_demo_numpy_trains_without_any_framework(tmp_path):
+    result = run_demo(framework="numpy", epochs=2, workdir=str(tmp_path), records=2048,
+                      verbose=False)
+    epochs = result["epochs"]
+    assert result["framework"] == "numpy"
+    assert [e["records"] for e in epochs] == [2048, 2048]
+    assert epochs[1]["loss"] < epochs[0]["loss"] < 0.6931  # it learns: below chance's log(2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.tfrecord"]
+
+
+def test_cli_demo_runs_where_torch_is_not_installed():
+    """`streamio demo` (framework auto) in an interpreter where torch cannot be imported."""
+    code = ("import sys\n"
+            "sys.modules['torch'] = None  # `import torch` fails\n"
+            "from streamio.cli import main\n"
+            "sys.exit(main(['demo', '--records', '1024']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=DEMO_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "training with numpy" in proc.stdout
+    epochs = EPOCH_LINE.findall(proc.stdout)
+    assert [int(e[0]) for e in epochs] == [0, 1] and float(epochs[1][1]) < float(epochs[0][1])
+
+
 def test_run_demo_checks_its_arguments():
     with pytest.raises(ValueError):
         run_demo(framework="jax")
     with pytest.raises(ValueError):
         run_demo(epochs=0)
+    with pytest.raises(StreamioError):
+        run_demo(framework="jax")

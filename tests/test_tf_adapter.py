@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -78,23 +79,71 @@ def test_each_iteration_is_an_epoch(parts):
     assert sorted(ids_of(tfds.repeat(2))) == sorted(list(range(RECORDS)) * 2)
 
 
-# Keras 3 warns at the end of the first epoch of any dataset of unknown length (it learns the
-# length then); a stream's length is unknown until it ends.
-@pytest.mark.filterwarnings("ignore:Your input ran out of data")
-def test_map_prefetch_and_keras_fit(parts):
+def test_map_prefetch_and_keras_fit_end_epochs_without_the_ran_out_of_data_warning(parts):
+    """Keras 3 learns the length of a dataset of unknown cardinality by running out of it, and
+    warns "Your input ran out of data" then; to_tf(batches=) gives it the length."""
     ds = Dataset(parts, "tfrecord", decoder=DECODER).shuffle(64, seed=1).batch(10)
-    tfds = (ds.to_tf()
+    tfds = (ds.to_tf(batches=15)
             .map(lambda b: (b["x"], tf.cast(b["id"] % 2, tf.float32)),
                  num_parallel_calls=tf.data.AUTOTUNE)
             .prefetch(tf.data.AUTOTUNE))
     assert tfds.element_spec == (tf.TensorSpec((None, 4), tf.float32),
                                  tf.TensorSpec((None,), tf.float32))
+    assert int(tfds.cardinality()) == 15
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
     model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
-    history = model.fit(tfds, epochs=2, verbose=0, shuffle=False)
+    seen = []
+
+    class Count(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            seen[-1] += 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(tfds, epochs=2, verbose=0, shuffle=False, callbacks=[Count()])
+    assert not [w for w in caught if "ran out of data" in str(w.message)], caught
     losses = history.history["loss"]
     assert len(losses) == 2 and all(np.isfinite(losses))
+    assert seen == [15, 15]  # each Keras epoch is one whole stream epoch
+    assert ds.stats()["records"] == RECORDS and ds.stats()["epoch"] == 1
+
+
+def test_without_batches_keras_does_warn(parts):
+    """What batches= is for (if Keras stops warning here, the advice can go)."""
+    tfds = (Dataset(parts, "tfrecord", decoder=DECODER).batch(50).to_tf()
+            .map(lambda b: (b["x"], tf.cast(b["id"] % 2, tf.float32))))
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(tfds, epochs=1, verbose=0)
+    assert [w for w in caught if "ran out of data" in str(w.message)]
+
+
+def test_an_epoch_of_another_length_than_batches_fails(parts):
+    tfds = Dataset(parts, "tfrecord", decoder=DECODER).batch(10).to_tf(batches=16)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="16"):
+        list(tfds)
+    with pytest.raises(UsageError):
+        Dataset(parts, "tfrecord").batch(10).to_tf(batches=0)
+
+
+def test_stats_describe_the_epochs_read_through_to_tf(parts):
+    ds = Dataset(parts, "tfrecord", decoder=DECODER).batch(16)
+    assert ds.stats()["records"] == 0
+    tfds = ds.to_tf()
+    for _ in range(2):
+        assert sum(int(tf.shape(b["id"])[0]) for b in tfds) == RECORDS
+    stats = ds.stats()
+    assert stats["epoch"] == 1 and stats["records"] == stats["records_read"] == RECORDS
+    assert stats["batches"] == 10 and stats["sources_opened"] == 4
+    assert stats["bytes"] == sum(os.path.getsize(p) for p in parts)
+    assert stats["first_batch_s"] is not None and stats["source_wait_s"] > 0
+    assert stats["finished"]
 
 
 def test_sparse_recordio_protobuf_learns_its_spec_and_keeps_the_first_batch(tmp_path):

@@ -223,6 +223,49 @@ def test_pipe_channel_worker_reads_the_next_fifo_each_epoch(loader_report, key):
     assert first != second
 
 
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_dataset_stats_count_what_the_workers_read(loader_report, workers):
+    stats = loader_report["stats"][workers]
+    assert stats["records"] == stats["records_read"] == 200
+    # Batches run across files: one reader makes 25; two workers (files 0, 2, 4: 79 records,
+    # and 1, 3, 5: 121) make 10 + 16.
+    assert stats["batches"] == {"2": 26, "0": 25}[workers]
+    assert stats["bytes"] == loader_report["stats"]["file_bytes"]
+    assert stats["sources_opened"] == 6
+    assert stats["first_batch_s"] is not None and stats["first_batch_s"] >= 0
+    assert stats["source_wait_s"] > 0 and stats["finished"] is True
+
+
+def test_a_failed_epoch_leaves_nothing_behind(tmp_path):
+    """A worker's CorruptRecordError ends epoch 1; epoch 2 runs. torch re-raised the error from
+    a local variable (a reference cycle through the traceback) unless the type takes
+    message=, so the failed epoch's DataLoader iterator outlived it: its workers lived on, and
+    the next epoch's forked workers finalised it ("Exception ignored in
+    _MultiProcessingDataLoaderIter.__del__ ... AssertionError: can only test a child
+    process")."""
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "torch_failed_epoch.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result == {"first": "CorruptRecordError", "children_after_failure": 0,
+                      "second": True, "children_at_end": 0}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataloader_over_the_dataset_itself_says_call_to_torch(parts, num_workers):
+    code = ("import sys, torch, streamio\n"
+            "loader = torch.utils.data.DataLoader(streamio.Dataset(sys.argv[1:], 'tfrecord')"
+            f".batch(4), num_workers={num_workers})\n"
+            "try:\n    next(iter(loader))\n"
+            "except TypeError as exc:\n    print(type(exc).__name__, exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code, *parts], capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("UsageTypeError") and "call ds.to_torch()" in proc.stdout
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
 def test_torch_path_never_imports_tensorflow(loader_report):
     assert loader_report["tensorflow_imported"] is False
 

@@ -14,6 +14,17 @@ Each iteration of the returned ``tf.data.Dataset`` (a ``for`` loop, a Keras epoc
 ``.repeat()`` round) is one epoch of the stream: the sources are re-opened (a
 :class:`~streamio.PipeChannel` moves to its next FIFO) and shuffle seeds derive from the epoch.
 
+Keras: Keras 3 learns the length of a dataset of unknown cardinality by running out of it, and
+warns "Your input ran out of data" at the end of the first epoch. A stream's length is not known
+before it has been read, so pass ``to_tf(batches=n)`` when you know how many batches an epoch
+holds (``ceil(records / batch_size)``; per input pipeline under ``input_context``): the
+``tf.data.Dataset`` then has that cardinality, Keras ends each epoch after ``n`` steps without
+the warning, and an epoch of any other length fails (``tf.data.experimental.assert_cardinality``)
+instead of training on a silently different amount of data.
+
+``Dataset.stats()`` of the Dataset given to ``to_tf()`` describes the latest epoch read through
+the tf.data Dataset (or by iterating the Dataset itself, whichever started later).
+
 Errors raised while reading reach the user as TensorFlow errors (``from_generator`` wraps them)
 whose message carries streamio's message.
 """
@@ -29,6 +40,7 @@ import numpy as np
 from ..decoders.sparse import SparseBatch
 from ..decoders.spec import FieldSpec
 from ..errors import UsageError, require
+from ..errors import UsageTypeError
 from . import check_splittable
 
 tf = require("tensorflow", "tf")
@@ -104,11 +116,21 @@ class _EpochSource:
         self._epoch = itertools.count()
         self._lock = threading.Lock()
         self._pending: Optional[tuple] = None  # (iterator, first batch) read by peek()
+        # The Dataset of the latest epoch (its stats), for the user's Dataset.stats().
+        self._latest: Any = None
+
+    def latest_stats(self) -> Optional[tuple]:
+        """``(started_at, snapshot)`` of the latest epoch read here (``Dataset.stats()``)."""
+        latest = self._latest
+        stats = None if latest is None else getattr(latest, "_last_stats", None)
+        return None if stats is None else (stats.started_at, stats.snapshot())
 
     def _epoch_dataset(self) -> Any:
         with self._lock:
             epoch = next(self._epoch)
-        return self.dataset.with_context(epoch=epoch, rank=self.rank, world_size=self.world_size)
+        ds = self.dataset.with_context(epoch=epoch, rank=self.rank, world_size=self.world_size)
+        self._latest = ds
+        return ds
 
     def peek(self) -> Any:
         """Read the first batch of the first epoch now, and keep it for the first iteration."""
@@ -144,24 +166,33 @@ class _EpochSource:
                 yield batch  # raw records: bytes, or a list of bytes (tf.string)
 
 
-def to_tf(dataset: Any, *, input_context: Any = None) -> Any:
+def to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = None) -> Any:
     """``dataset`` as a ``tf.data.Dataset`` whose ``element_spec`` is exact (see the module doc).
 
     ``input_context``: a ``tf.distribute.InputContext`` (what
     ``strategy.distribute_datasets_from_function`` passes): input pipeline ``i`` of ``n`` reads
     ``dataset.shard(n, i)``, and its shuffle seeds derive from ``i``. Works with ``.map``,
     ``.prefetch(tf.data.AUTOTUNE)`` and ``model.fit`` (map batches to ``(x, y)`` for Keras).
+
+    ``batches``: the number of items (batches) every epoch holds, if you know it: the result then
+    has that cardinality, which Keras needs to end epochs without its "Your input ran out of
+    data" warning; an epoch of another length raises (see the module doc).
     """
     for name in ("with_context", "shard", "sources"):
         if not hasattr(dataset, name):
-            raise TypeError(f"to_tf needs a streamio Dataset, not {type(dataset).__name__}")
+            raise UsageTypeError(f"to_tf needs a streamio Dataset, not {type(dataset).__name__}")
+    if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int)):
+        raise UsageTypeError(f"batches must be an int or None, not {type(batches).__name__}")
+    if batches is not None and batches < 1:
+        raise UsageError(f"batches must be >= 1, not {batches}")
+    owner = dataset
     rank, world_size = 0, 1
     if input_context is not None:
         try:
             world_size = int(input_context.num_input_pipelines)
             rank = int(input_context.input_pipeline_id)
         except AttributeError:
-            raise TypeError("input_context must be a tf.distribute.InputContext, not"
+            raise UsageTypeError("input_context must be a tf.distribute.InputContext, not"
                             f" {type(input_context).__name__}") from None
         if world_size > 1:
             check_splittable(tuple(dataset.sources), world_size,
@@ -172,11 +203,17 @@ def to_tf(dataset: Any, *, input_context: Any = None) -> Any:
     # Without batch() items are raw records whatever the decoder (it decodes batches).
     decoder = getattr(dataset, "decoder", None) if batched else None
     source = _EpochSource(dataset, rank, world_size)
+    adopt = getattr(owner, "_add_stats_provider", None)
+    if adopt is not None:
+        adopt(source)
     spec = None
     if decoder is not None:
         spec = decoder.output_spec()
         if spec is None:
             spec = _spec_from_batch(source.peek(), batched)
     source.spec = spec
-    return tf.data.Dataset.from_generator(source, output_signature=element_spec(spec,
+    tfds = tf.data.Dataset.from_generator(source, output_signature=element_spec(spec,
                                                                                 batched=batched))
+    if batches is not None:
+        tfds = tfds.apply(tf.data.experimental.assert_cardinality(batches))
+    return tfds

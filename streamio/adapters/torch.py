@@ -31,6 +31,13 @@ later ones follow ``e + 1``, ``e + 2``... Shuffle seeds derive from (seed, epoch
 A :class:`~streamio.PipeChannel` source reads ``<prefix>_<start + epoch>``, so worker copies
 made each epoch still read the right FIFO.
 
+Stats
+-----
+``Dataset.stats()`` (and ``StreamDataset.stats()``) describe the latest epoch, wherever it was
+read: a DataLoader worker writes its epoch's counters into a small shared-memory table (one row
+per worker, at most every :data:`STATS_INTERVAL_S` and when its share ends), and the main process
+sums the rows of the latest epoch (see ``merge_snapshots``).
+
 Uneven shares under DDP
 -----------------------
 Ranks rarely hold the same number of batches, and a rank that stops early leaves the others
@@ -53,7 +60,8 @@ from typing import Any, Iterable, Iterator, Literal, Optional, Union
 import numpy as np
 
 from ..decoders.sparse import SparseBatch
-from ..errors import UsageError, require
+from ..errors import UsageError, UsageTypeError, require
+from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sources import PipeChannel
 from . import check_splittable
 
@@ -81,6 +89,15 @@ DEFAULT_DEPTH = 2
 # Shared epoch state: [next epoch when the counting started, iter() calls counted, readers per
 # epoch in that count].
 _BASE, _CALLS, _READERS = 0, 1, 2
+
+#: How often a DataLoader worker publishes its running epoch's stats (and once at its end):
+#: often enough for a progress display, rare enough that the lock costs nothing.
+STATS_INTERVAL_S = 0.5
+#: Rows of the shared stats table: workers with a higher id (rare) are not counted.
+_STATS_ROWS = 64
+# A row: [started_at, valid, epoch, first_batch_s (-1: none), finished, the numeric STATS_KEYS].
+_NUMERIC_KEYS = tuple(k for k in STATS_KEYS if k not in ("epoch", "first_batch_s", "finished"))
+_ROW = 5 + len(_NUMERIC_KEYS)
 
 
 # -- conversion ---------------------------------------------------------------------------------
@@ -147,7 +164,7 @@ def _distributed(explicit: Optional[tuple[int, int]],
 
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, not {value!r}")
+        raise UsageError(f"{name} must be an int >= {minimum}, not {value!r}")
 
 
 class _EpochCounter:
@@ -185,6 +202,54 @@ class _EpochCounter:
             return s[_BASE] + calls // readers
 
 
+class _WorkerStats:
+    """A shared-memory table where DataLoader workers publish their epoch's stats for the main
+    process (spawn-context, like :class:`_EpochCounter`: inherited by forked workers and
+    pickled into spawned ones)."""
+
+    def __init__(self) -> None:
+        self._shared = multiprocessing.get_context("spawn").Array("d", _STATS_ROWS * _ROW)
+
+    def publish(self, worker: int, started_at: float, snapshot: dict) -> None:
+        if worker >= _STATS_ROWS:
+            return
+        first = snapshot["first_batch_s"]
+        row = [started_at, 1.0, float(snapshot["epoch"] or 0), -1.0 if first is None else first,
+               1.0 if snapshot["finished"] else 0.0]
+        row.extend(float(snapshot[key]) for key in _NUMERIC_KEYS)
+        with self._shared.get_lock():
+            self._shared[worker * _ROW:(worker + 1) * _ROW] = row
+
+    def latest(self) -> Optional[tuple]:
+        """``(started_at, snapshot)`` of the latest epoch the workers read, or None."""
+        with self._shared.get_lock():
+            table = np.array(self._shared[:], dtype=np.float64).reshape(_STATS_ROWS, _ROW)
+        rows = table[table[:, 1] == 1.0]
+        if not len(rows):
+            return None
+        # The latest epoch: the rows of the epoch of the latest-started worker (workers of one
+        # epoch start within moments of each other; an older epoch's rows have another number).
+        newest = rows[np.argmax(rows[:, 0])]
+        rows = rows[(rows[:, 2] == newest[2]) & (rows[:, 0] > newest[0] - _EPOCH_START_SPREAD_S)]
+        snapshots = []
+        for row in rows:
+            snap: dict = {"epoch": int(row[2]), "first_batch_s": None if row[3] < 0 else row[3],
+                          "finished": bool(row[4])}
+            for key, value in zip(_NUMERIC_KEYS, row[5:]):
+                snap[key] = value
+            for key in ("records", "batches", "bytes", "bytes_decoded", "records_read",
+                        "skipped_records", "skipped_bytes", "sources_opened"):
+                snap[key] = int(snap[key])
+            snapshots.append(snap)
+        return float(rows[:, 0].min()), merge_snapshots(snapshots)
+
+
+#: Workers of one epoch are forked within this many seconds of each other; a row that started
+#: earlier than that before the newest one belongs to an earlier epoch with the same number
+#: (set_epoch() replays).
+_EPOCH_START_SPREAD_S = 60.0
+
+
 class StreamDataset(torch.utils.data.IterableDataset):
     """A streamio ``Dataset`` as a PyTorch ``IterableDataset``; made by ``Dataset.to_torch()``.
 
@@ -199,14 +264,14 @@ class StreamDataset(torch.utils.data.IterableDataset):
         super().__init__()
         for name in ("with_context", "shard", "sources"):
             if not hasattr(dataset, name):
-                raise TypeError(f"to_torch needs a streamio Dataset, not {type(dataset).__name__}")
+                raise UsageTypeError(f"to_torch needs a streamio Dataset, not {type(dataset).__name__}")
         if (rank is None) != (world_size is None):
-            raise ValueError("pass both rank and world_size, or neither")
+            raise UsageError("pass both rank and world_size, or neither")
         if world_size is not None:
             _check_int("world_size", world_size, 1)
             _check_int("rank", rank, 0)
             if rank >= world_size:
-                raise ValueError(f"rank {rank} is not below world_size {world_size}")
+                raise UsageError(f"rank {rank} is not below world_size {world_size}")
         self.dataset = dataset
         self.pin_memory = bool(pin_memory)
         self.rank = rank
@@ -215,8 +280,12 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._channel_starts = {i: s.epoch for i, s in enumerate(dataset.sources)
                                 if isinstance(s, PipeChannel)}
         self._epoch = _EpochCounter()
+        self._worker_stats = _WorkerStats()
         self._parent_group: Optional[tuple[int, int]] = None
         self._last: Any = None  # the Dataset of the latest epoch iterated in this process
+        adopt = getattr(dataset, "_add_stats_provider", None)
+        if adopt is not None:
+            adopt(self)  # dataset.stats() then sees the epochs read here and in the workers
 
     def __getstate__(self) -> dict:
         # Pickled in the main process when a spawn/forkserver DataLoader starts its workers: the
@@ -226,10 +295,21 @@ class StreamDataset(torch.utils.data.IterableDataset):
         state["_last"] = None
         return state
 
+    def latest_stats(self) -> Optional[tuple]:
+        """``(started_at, snapshot)`` of the latest epoch read through this object, in this
+        process or in DataLoader workers (summed over the workers), or None."""
+        found = self._worker_stats.latest()
+        last = self._last
+        stats = None if last is None else getattr(last, "_last_stats", None)
+        if stats is not None and (found is None or stats.started_at >= found[0]):
+            found = (stats.started_at, stats.snapshot())
+        return found
+
     def stats(self) -> dict:
-        """``Dataset.stats()`` of the latest epoch iterated in *this* process (with
-        ``num_workers=0``; each worker process keeps its own)."""
-        return (self._last if self._last is not None else self.dataset).stats()
+        """The stats of the latest epoch read through this object, in this process or in
+        DataLoader workers (summed over the workers); the same as the Dataset's ``stats()``."""
+        found = self.latest_stats()
+        return found[1] if found is not None else self.dataset.stats()
 
     @property
     def epoch(self) -> int:
@@ -270,12 +350,37 @@ class StreamDataset(torch.utils.data.IterableDataset):
         # through shared memory); there DataLoader(pin_memory=True) does the pinning.
         pin = self.pin_memory and info is None and torch.cuda.is_available()
         self._last = ds
-        return self._generate(ds, pin)
+        if info is None:
+            return self._generate(ds, pin)
+        return self._generate_in_worker(ds, worker)
 
     @staticmethod
     def _generate(ds: Any, pin: bool) -> Iterator[Any]:
         for batch in ds:
             yield convert_batch(batch, pin_memory=pin)
+
+    def _generate_in_worker(self, ds: Any, worker: int) -> Iterator[Any]:
+        """The worker's share, publishing its stats for the main process as it goes and when it
+        ends (before the DataLoader learns that this worker is done)."""
+        iterator = iter(ds)
+        stats = getattr(ds, "_last_stats", None)
+        if stats is None:  # not a streamio Dataset: nothing to publish
+            yield from self._generate(iterator, False)
+            return
+        board = self._worker_stats
+        clock = time.monotonic
+        published = clock()
+        try:
+            for batch in iterator:
+                if clock() - published >= STATS_INTERVAL_S:
+                    board.publish(worker, stats.started_at, stats.snapshot())
+                    published = clock()
+                yield convert_batch(batch)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+            board.publish(worker, stats.started_at, stats.snapshot())
 
     def __repr__(self) -> str:
         return f"StreamDataset({self.dataset!r}, next epoch {self.epoch})"
@@ -329,7 +434,7 @@ def even_batches(batches: Iterable[Any], policy: EvenBatches = DEFAULT_EVEN_BATC
     rank) passes ``batches`` through.
     """
     if policy not in _EVEN_BATCHES:
-        raise ValueError(f"even_batches must be one of {_EVEN_BATCHES}, not {policy!r}")
+        raise UsageError(f"even_batches must be one of {_EVEN_BATCHES}, not {policy!r}")
     dist = torch.distributed
     active = (policy is not None and dist.is_available() and dist.is_initialized()
               and dist.get_world_size(group) > 1)
@@ -432,14 +537,14 @@ class DevicePrefetcher:
                  even_batches: EvenBatches = DEFAULT_EVEN_BATCHES, group: Any = None) -> None:
         _check_int("depth", depth, 1)
         if even_batches not in _EVEN_BATCHES:
-            raise ValueError(f"even_batches must be one of {_EVEN_BATCHES}, not {even_batches!r}")
+            raise UsageError(f"even_batches must be one of {_EVEN_BATCHES}, not {even_batches!r}")
         try:
             device = torch.device(device)
         except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"not a torch device: {device!r} ({exc})") from None
+            raise UsageError(f"not a torch device: {device!r} ({exc})") from None
         if device.type == "cuda":
             if not torch.cuda.is_available():
-                raise ValueError(f"device {device} asked for, but torch.cuda.is_available() is"
+                raise UsageError(f"device {device} asked for, but torch.cuda.is_available() is"
                                  " False")
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())

@@ -11,6 +11,7 @@ import zlib
 from typing import Iterator, Literal, Optional, Union
 
 from ..errors import CorruptRecordError, TruncatedStreamError
+from ..errors import UsageError
 
 Compression = Optional[Literal["gzip", "zlib", "infer"]]
 COMPRESSION_CHOICES = (None, "gzip", "zlib", "infer")
@@ -31,7 +32,7 @@ def infer_compression(name: Optional[str]) -> Optional[str]:
 
 def check_compression(compression) -> None:
     if compression not in COMPRESSION_CHOICES:
-        raise ValueError(f"compression must be one of {COMPRESSION_CHOICES}, not {compression!r}")
+        raise UsageError(f"compression must be one of {COMPRESSION_CHOICES}, not {compression!r}")
 
 
 class ZlibCodec:

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..errors import DecodeError
+from ..errors import UsageError, UsageTypeError
 from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec
@@ -62,7 +63,7 @@ def _dtype_name(dtype: Any) -> str:
         name = None
     if name in _NUMERIC:
         return name
-    raise ValueError(f"CSV column dtype must be one of {sorted(_NUMERIC | _TEXT)}, not {dtype!r}")
+    raise UsageError(f"CSV column dtype must be one of {sorted(_NUMERIC | _TEXT)}, not {dtype!r}")
 
 
 def _is_number(text: str) -> bool:
@@ -107,54 +108,54 @@ class Csv:
                  quotechar: Optional[str] = DEFAULT_QUOTECHAR, encoding: str = DEFAULT_ENCODING,
                  na_values: Sequence[str] = DEFAULT_NA_VALUES) -> None:
         if not isinstance(header, bool):
-            raise TypeError(f"header must be True or False, not {header!r}")
+            raise UsageTypeError(f"header must be True or False, not {header!r}")
         if not isinstance(as_columns, bool):
-            raise TypeError(f"as_columns must be True or False, not {as_columns!r}")
+            raise UsageTypeError(f"as_columns must be True or False, not {as_columns!r}")
         for name, char in (("delimiter", delimiter), ("quotechar", quotechar)):
             if char is None and name == "quotechar":
                 continue
             if not isinstance(char, str) or len(char) != 1 or char in "\r\n" or ord(char) > 127:
-                raise ValueError(f"{name} must be one ASCII character other than CR/LF, not {char!r}")
+                raise UsageError(f"{name} must be one ASCII character other than CR/LF, not {char!r}")
         if delimiter == quotechar:
-            raise ValueError("delimiter and quotechar must differ")
+            raise UsageError("delimiter and quotechar must differ")
         try:
             codecs.lookup(encoding)
         except (LookupError, TypeError):
-            raise ValueError(f"unknown encoding {encoding!r}") from None
+            raise UsageError(f"unknown encoding {encoding!r}") from None
         probe = "\n\r,;\t\"'0123456789.-+eE" + delimiter
         try:
             ascii_compatible = probe.encode(encoding) == probe.encode("ascii")
         except UnicodeError:
             ascii_compatible = False
         if not ascii_compatible:
-            raise ValueError(f"encoding {encoding!r} is not ASCII-compatible; CSV rows are framed"
+            raise UsageError(f"encoding {encoding!r} is not ASCII-compatible; CSV rows are framed"
                              " by bytes, so use UTF-8, Latin-1, ISO-8859-x, cp125x or similar")
         if isinstance(label_column, bool) or not isinstance(label_column, (int, str, type(None))):
-            raise TypeError(f"label_column must be a column index or name, not {label_column!r}")
+            raise UsageTypeError(f"label_column must be a column index or name, not {label_column!r}")
         if columns is not None:
             if isinstance(columns, (str, bytes)):
-                raise TypeError(f"columns must be a sequence of indices or names, not {columns!r}")
+                raise UsageTypeError(f"columns must be a sequence of indices or names, not {columns!r}")
             columns = tuple(columns)
             for col in columns:
                 if isinstance(col, bool) or not isinstance(col, (int, str)):
-                    raise TypeError(f"columns must hold column indices or names, not {col!r}")
+                    raise UsageTypeError(f"columns must hold column indices or names, not {col!r}")
             if len(set(columns)) != len(columns):
-                raise ValueError(f"columns lists a column twice: {columns!r}")
+                raise UsageError(f"columns lists a column twice: {columns!r}")
         if isinstance(dtype, Mapping):
             dtypes = {}
             for key, value in dtype.items():
                 if isinstance(key, bool) or not isinstance(key, (int, str)):
-                    raise TypeError(f"dtype keys must be column indices or names, not {key!r}")
+                    raise UsageTypeError(f"dtype keys must be column indices or names, not {key!r}")
                 dtypes[key] = _dtype_name(value)
             dtype_option: Union[str, Dict[Column, str]] = dtypes
         else:
             dtype_option = _dtype_name(dtype)
         if isinstance(na_values, (str, bytes)):
-            raise TypeError(f"na_values must be a sequence of str, not {na_values!r}")
+            raise UsageTypeError(f"na_values must be a sequence of str, not {na_values!r}")
         na_values = tuple(na_values)
         for value in na_values:
             if not isinstance(value, str):
-                raise TypeError(f"na_values must hold str, not {value!r}")
+                raise UsageTypeError(f"na_values must hold str, not {value!r}")
         self._options = dict(header=header, label_column=label_column, columns=columns,
                              dtype=dtype_option, as_columns=as_columns, delimiter=delimiter,
                              quotechar=quotechar, encoding=encoding, na_values=na_values)

@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..errors import DecodeError
+from ..errors import UsageError, UsageTypeError
 from ._wire import (WireError, _skip_value, decode_packed_varints, encode_packed_varints,
                     len_field, read_len, read_varint)
 from .sparse import SparseBatch
@@ -85,7 +86,7 @@ def _dtype_name(dtype: Any) -> str:
         name = None
     if name in _DTYPES:
         return name
-    raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {dtype!r}")
+    raise UsageError(f"dtype must be one of {sorted(_DTYPES)}, not {dtype!r}")
 
 
 class FixedLen:
@@ -106,9 +107,9 @@ class FixedLen:
         try:
             shape = tuple(int(d) for d in shape)
         except TypeError:
-            raise TypeError(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+            raise UsageTypeError(f"shape must be an int or a sequence of ints, not {shape!r}") from None
         if any(d < 0 for d in shape):
-            raise ValueError(f"shape must not have negative dimensions: {shape}")
+            raise UsageError(f"shape must not have negative dimensions: {shape}")
         self.shape: Tuple[int, ...] = shape
         self.dtype: str = _dtype_name(dtype)
         self.default: Optional[np.ndarray] = (None if default is None
@@ -175,27 +176,27 @@ def _as_default(value: Any, dtype: str, shape: Tuple[int, ...]) -> np.ndarray:
             if isinstance(item, str):
                 flat[k] = item.encode("utf-8")
             elif not isinstance(item, bytes):
-                raise TypeError(f"a bytes default must hold bytes or str, not {item!r}")
+                raise UsageTypeError(f"a bytes default must hold bytes or str, not {item!r}")
         arr = flat.reshape(arr.shape)
     else:
         target = _DTYPES[dtype][1]
         try:
             arr = np.asarray(value)
             if arr.dtype.kind not in "biuf":
-                raise TypeError(f"a {dtype} default must be numeric, not {value!r}")
+                raise UsageTypeError(f"a {dtype} default must be numeric, not {value!r}")
             if target in (np.int32, np.int64) and arr.dtype.kind == "f":
                 if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
-                    raise ValueError(f"a {dtype} default must hold whole numbers, not {value!r}")
+                    raise UsageError(f"a {dtype} default must hold whole numbers, not {value!r}")
             info = np.iinfo(target) if target in (np.int32, np.int64) else None
             if info is not None and arr.size and (arr.min() < info.min or arr.max() > info.max):
-                raise ValueError(f"default {value!r} does not fit in {dtype}")
+                raise UsageError(f"default {value!r} does not fit in {dtype}")
             arr = arr.astype(target)
         except (OverflowError, ValueError) as exc:
-            raise ValueError(f"default {value!r} is not a valid {dtype} value: {exc}") from None
+            raise UsageError(f"default {value!r} is not a valid {dtype} value: {exc}") from None
     try:
         return np.array(np.broadcast_to(arr, shape))
     except ValueError:
-        raise ValueError(f"default of shape {arr.shape} does not fit the feature shape {shape}") from None
+        raise UsageError(f"default of shape {arr.shape} does not fit the feature shape {shape}") from None
 
 
 # --- the reference wire parsers --------------------------------------------------------------
@@ -792,13 +793,13 @@ def _varlen_column(name: str, spec: VarLen, values: Any, counts: np.ndarray, whe
 
 def _validate_features(features: Any, what: str) -> Dict[str, Union[FixedLen, VarLen]]:
     if not isinstance(features, Mapping):
-        raise TypeError(f"{what} must be a mapping {{name: FixedLen | VarLen}}, not {type(features).__name__}")
+        raise UsageTypeError(f"{what} must be a mapping {{name: FixedLen | VarLen}}, not {type(features).__name__}")
     out: Dict[str, Union[FixedLen, VarLen]] = {}
     for name, spec in features.items():
         if not isinstance(name, str):
-            raise TypeError(f"feature names must be str, not {name!r}")
+            raise UsageTypeError(f"feature names must be str, not {name!r}")
         if not isinstance(spec, (FixedLen, VarLen)):
-            raise TypeError(f"feature {name!r}: expected FixedLen or VarLen, not {spec!r}")
+            raise UsageTypeError(f"feature {name!r}: expected FixedLen or VarLen, not {spec!r}")
         out[name] = spec
     return out
 
@@ -815,7 +816,7 @@ def _output_names(groups: Sequence[Tuple[Mapping[str, Any], bool]]) -> None:
                 outs.append(name + "_step_len")
             for out in outs:
                 if out in seen:
-                    raise ValueError(f"output {out!r} of feature {name!r} clashes with feature {seen[out]!r}")
+                    raise UsageError(f"output {out!r} of feature {name!r} clashes with feature {seen[out]!r}")
                 seen[out] = name
 
 
@@ -1000,6 +1001,6 @@ def encode_example(features: Mapping[str, Any]) -> bytes:
         elif array.dtype.kind in "iub":
             feature = len_field(3, len_field(1, encode_packed_varints(array.astype(np.int64))))
         else:
-            raise TypeError(f"feature {name!r}: cannot encode values of dtype {array.dtype}")
+            raise UsageTypeError(f"feature {name!r}: cannot encode values of dtype {array.dtype}")
         entries.append(len_field(1, len_field(1, name.encode("utf-8")) + len_field(2, feature)))
     return len_field(1, b"".join(entries))

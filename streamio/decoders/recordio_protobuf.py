@@ -34,6 +34,7 @@ from .example import (_MIN_GROUP, FixedLen, SkeletonLayout, VarLen, _merge, _rea
                       _Where, map_entry, span_values, vectorisable_groups)
 from .sparse import SparseBatch
 from .spec import FieldSpec
+from ..errors import UsageError, UsageTypeError
 
 try:  # the C kernel (streamio/_speedups.c); tests/test_speedups.py holds it to the reference
     from .._speedups import parse_recordio_protobuf as _c_parse_recordio_protobuf
@@ -423,7 +424,7 @@ def _check_names(value: Any, what: str) -> Optional[Dict[str, Optional[Union[Fix
     if value is None:
         return None
     if isinstance(value, str):
-        raise TypeError(f"{what} must be a sequence of keys or a mapping, not a str ({value!r});"
+        raise UsageTypeError(f"{what} must be a sequence of keys or a mapping, not a str ({value!r});"
                         f" write [{value!r}]")
     if isinstance(value, Mapping):
         items = list(value.items())
@@ -431,14 +432,14 @@ def _check_names(value: Any, what: str) -> Optional[Dict[str, Optional[Union[Fix
         try:
             items = [(key, None) for key in value]
         except TypeError:
-            raise TypeError(f"{what} must be None, a sequence of keys or a mapping {{key: FixedLen |"
+            raise UsageTypeError(f"{what} must be None, a sequence of keys or a mapping {{key: FixedLen |"
                             f" VarLen | None}}, not {type(value).__name__}") from None
     out: Dict[str, Optional[Union[FixedLen, VarLen]]] = {}
     for key, spec in items:
         if not isinstance(key, str):
-            raise TypeError(f"{what} keys must be str, not {key!r}")
+            raise UsageTypeError(f"{what} keys must be str, not {key!r}")
         if spec is not None and not isinstance(spec, (FixedLen, VarLen)):
-            raise TypeError(f"{what}[{key!r}] must be FixedLen, VarLen or None, not {spec!r}")
+            raise UsageTypeError(f"{what}[{key!r}] must be FixedLen, VarLen or None, not {spec!r}")
         out[key] = spec
     return out
 
@@ -715,7 +716,7 @@ def _tensor_kind(dtype: np.dtype) -> int:
         return KIND_INT32
     if dtype.kind in "OS":
         return KIND_BYTES
-    raise TypeError(f"RecordIO-protobuf holds float32, float64, int32 or bytes, not {dtype}")
+    raise UsageTypeError(f"RecordIO-protobuf holds float32, float64, int32 or bytes, not {dtype}")
 
 
 def _rows_of(data: Any, what: str) -> Tuple[str, Any, int]:
@@ -728,18 +729,18 @@ def _rows_of(data: Any, what: str) -> Tuple[str, Any, int]:
         return "sparse", SparseBatch(csr.indptr, csr.indices, np.asarray(csr.data), csr.shape), csr.shape[0]
     arr = np.asarray(data)
     if arr.dtype.kind == "U":
-        raise TypeError(f"{what}: str arrays are not supported; encode them to bytes")
+        raise UsageTypeError(f"{what}: str arrays are not supported; encode them to bytes")
     if arr.ndim == 1:
         arr = arr.reshape(-1, 1)
     if arr.ndim != 2:
-        raise ValueError(f"{what} must be 1-D or 2-D (rows first), not of shape {arr.shape}")
+        raise UsageError(f"{what} must be 1-D or 2-D (rows first), not of shape {arr.shape}")
     return "dense", arr, arr.shape[0]
 
 
 def _as_int32(values: np.ndarray, what: str) -> np.ndarray:
     if values.dtype != np.int32 and values.size:
         if values.min() < -(2 ** 31) or values.max() > 2 ** 31 - 1:
-            raise ValueError(f"{what}: integer values must fit in int32 (RecordIO-protobuf's"
+            raise UsageError(f"{what}: integer values must fit in int32 (RecordIO-protobuf's"
                              " only integer type)")
     return values.astype(np.int32)
 
@@ -770,7 +771,7 @@ def _tensor_messages(data: Any, what: str) -> Tuple[List[bytes], int]:
             out.append(tag + _len_bytes(_len_field(1, _encode_values(row, kind))))
         return out, n
     if kind == KIND_BYTES:
-        raise TypeError(f"{what}: sparse bytes tensors are not supported")
+        raise UsageTypeError(f"{what}: sparse bytes tensors are not supported")
     values = rows.values if kind != KIND_INT32 else _as_int32(rows.values, what)
     shape_field = _len_field(3, encode_packed_varints(np.array([rows.shape[1]])))
     for i in range(n):
@@ -798,17 +799,17 @@ def _section(data: Any, what: str) -> Tuple[List[List[bytes]], int]:
     rows = -1
     for key, tensor in named:
         if not isinstance(key, str):
-            raise TypeError(f"{what} keys must be str, not {key!r}")
+            raise UsageTypeError(f"{what} keys must be str, not {key!r}")
         messages, n = _tensor_messages(tensor, f"{what}[{key!r}]")
         if per_row is None:
             per_row, rows = [[] for _ in range(n)], n
         elif n != rows:
-            raise ValueError(f"{what}[{key!r}] has {n} rows, expected {rows}")
+            raise UsageError(f"{what}[{key!r}] has {n} rows, expected {rows}")
         key_field = _len_field(1, key.encode("utf-8"))
         for entries, message in zip(per_row, messages):
             entries.append(key_field + _len_field(2, message))
     if per_row is None:
-        raise ValueError(f"{what} must hold at least one tensor")
+        raise UsageError(f"{what} must hold at least one tensor")
     return per_row, rows
 
 
@@ -826,7 +827,7 @@ def encode_recordio_protobuf(features: Any, labels: Any = None) -> List[bytes]:
     if labels is not None:
         label_rows, n_labels = _section(labels, "labels")
         if n_labels != n:
-            raise ValueError(f"labels have {n_labels} rows but features have {n}")
+            raise UsageError(f"labels have {n_labels} rows but features have {n}")
     out = []
     for i in range(n):
         record = b"".join(_len_field(1, entry) for entry in feature_rows[i])

@@ -6,6 +6,8 @@ from typing import Tuple
 
 import numpy as np
 
+from ..errors import UsageError
+
 __all__ = ["SparseBatch"]
 
 
@@ -27,15 +29,15 @@ class SparseBatch:
         values = np.asarray(values)
         shape = (int(shape[0]), int(shape[1]))
         if indptr.ndim != 1 or len(indptr) != shape[0] + 1:
-            raise ValueError(f"indptr must have rows + 1 = {shape[0] + 1} entries, not {indptr.shape}")
+            raise UsageError(f"indptr must have rows + 1 = {shape[0] + 1} entries, not {indptr.shape}")
         if indices.shape != values.shape or indices.ndim != 1:
-            raise ValueError(f"indices {indices.shape} and values {values.shape} must be 1-D and"
+            raise UsageError(f"indices {indices.shape} and values {values.shape} must be 1-D and"
                              " of the same length")
         if len(indptr) and (indptr[0] != 0 or indptr[-1] != len(values)
                             or (len(indptr) > 1 and np.any(np.diff(indptr) < 0))):
-            raise ValueError("indptr must start at 0, never decrease and end at len(values)")
+            raise UsageError("indptr must start at 0, never decrease and end at len(values)")
         if len(indices) and (indices.min() < 0 or indices.max() >= shape[1]):
-            raise ValueError(f"column indices must lie in [0, {shape[1]})")
+            raise UsageError(f"column indices must lie in [0, {shape[1]})")
         self.indptr = indptr
         self.indices = indices
         self.values = values

@@ -13,6 +13,8 @@ from typing import Literal, Optional, Tuple
 
 import numpy as np
 
+from ..errors import UsageError
+
 __all__ = ["FieldSpec"]
 
 FieldKind = Literal["dense", "sparse", "object"]
@@ -36,7 +38,7 @@ class FieldSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
-            raise ValueError(f"FieldSpec kind must be one of {_KINDS}, not {self.kind!r}")
+            raise UsageError(f"FieldSpec kind must be one of {_KINDS}, not {self.kind!r}")
         # Normalise so that specs compare equal however the dtype was spelled.
         object.__setattr__(self, "dtype", np.dtype(self.dtype))
         object.__setattr__(self, "shape", tuple(None if d is None else int(d) for d in self.shape))

@@ -12,6 +12,7 @@ from ._base import DEFAULT_MAX_RECORD_SIZE, ON_ERROR_CHOICES
 from .recordio import MULTIPART_CHOICES, RecordIOFramer, encode_recordio
 from .text import TextRowFramer
 from .tfrecord import TFRecordFramer, encode_tfrecord, masked_crc32c
+from ..errors import UsageError, UsageTypeError
 
 FramerFactory = Callable[..., Any]
 
@@ -57,13 +58,13 @@ def make_framer(format: str, *, source: str, verify: bool = True, on_error: str 
     try:
         factory, accepted = FORMATS[format]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown format {format!r}; known formats: {sorted(FORMATS)}") from None
+        raise UsageError(f"unknown format {format!r}; known formats: {sorted(FORMATS)}") from None
     unknown = set(format_options) - accepted
     if unknown:
-        raise TypeError(f"format {format!r} takes no option(s) {sorted(unknown)}"
+        raise UsageTypeError(f"format {format!r} takes no option(s) {sorted(unknown)}"
                         + (f"; it accepts {sorted(accepted)}" if accepted else ""))
     if multipart not in MULTIPART_CHOICES:
-        raise ValueError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
+        raise UsageError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
     return factory(verify=verify, on_error=on_error, max_record_size=max_record_size,
                    source=source, multipart=multipart, **format_options)
 

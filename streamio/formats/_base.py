@@ -12,6 +12,7 @@ import warnings
 from typing import Literal, Optional
 
 from ..errors import FormatError, StreamioWarning
+from ..errors import UsageError, UsageTypeError
 
 OnError = Literal["raise", "skip", "warn"]
 ON_ERROR_CHOICES = ("raise", "skip", "warn")
@@ -24,11 +25,11 @@ DEFAULT_MAX_RECORD_SIZE = 256 * 1024 * 1024
 
 def check_common(on_error: str, max_record_size: int) -> None:
     if on_error not in ON_ERROR_CHOICES:
-        raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, not {on_error!r}")
+        raise UsageError(f"on_error must be one of {ON_ERROR_CHOICES}, not {on_error!r}")
     if isinstance(max_record_size, bool) or not isinstance(max_record_size, int):
-        raise TypeError(f"max_record_size must be an int, not {type(max_record_size).__name__}")
+        raise UsageTypeError(f"max_record_size must be an int, not {type(max_record_size).__name__}")
     if max_record_size <= 0:
-        raise ValueError(f"max_record_size must be positive, not {max_record_size}")
+        raise UsageError(f"max_record_size must be positive, not {max_record_size}")
 
 
 class FramerBase:

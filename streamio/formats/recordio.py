@@ -19,6 +19,7 @@ import struct
 from typing import Literal, Optional
 
 from ..errors import CorruptRecordError, FormatError, RecordTooLargeError, TruncatedStreamError
+from ..errors import UsageError
 from ._base import DEFAULT_MAX_RECORD_SIZE, OnError
 from ._framing import BAD_HEADER, OK, SPECIAL, TOO_LARGE, LengthPrefixedFramer
 
@@ -72,7 +73,7 @@ def encode_recordio(payload, *, multipart: Multipart = "dmlc") -> bytes:
     """
     payload = bytes(payload)
     if len(payload) > LENGTH_MASK:
-        raise ValueError(f"RecordIO payloads are limited to {LENGTH_MASK} bytes")
+        raise UsageError(f"RecordIO payloads are limited to {LENGTH_MASK} bytes")
     parts = []
     start = 0
     if multipart == "dmlc":
@@ -85,7 +86,7 @@ def encode_recordio(payload, *, multipart: Multipart = "dmlc") -> bytes:
             else:
                 i = payload.find(MAGIC_BYTES, i + 1)
     elif multipart != "concat":
-        raise ValueError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
+        raise UsageError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
     last = payload[start:]
     frames = []
     for k, part in enumerate(parts):
@@ -108,7 +109,7 @@ class RecordIOFramer(LengthPrefixedFramer):
                  accelerate: bool = True) -> None:
         super().__init__(on_error=on_error, max_record_size=max_record_size, source=source)
         if multipart not in MULTIPART_CHOICES:
-            raise ValueError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
+            raise UsageError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
         self.multipart = multipart
         self._joiner = MAGIC_BYTES if multipart == "dmlc" else b""
         self._kernel = _fast_scan_recordio if accelerate and _fast_scan_recordio else scan_recordio

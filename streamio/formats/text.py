@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..errors import RecordTooLargeError, TruncatedStreamError
+from ..errors import UsageError
 from ._base import DEFAULT_MAX_RECORD_SIZE, FramerBase, OnError
 from ._framing import as_bytes_view
 
@@ -26,7 +27,7 @@ class TextRowFramer(FramerBase):
         super().__init__(on_error=on_error, max_record_size=max_record_size, source=source)
         if quotechar is not None:
             if not isinstance(quotechar, str) or len(quotechar) != 1 or quotechar in "\r\n":
-                raise ValueError(f"quotechar must be one character other than CR/LF, not {quotechar!r}")
+                raise UsageError(f"quotechar must be one character other than CR/LF, not {quotechar!r}")
             self._quote: Optional[bytes] = quotechar.encode("ascii")
         else:
             self._quote = None

@@ -13,10 +13,8 @@ out one by one.
 
 from __future__ import annotations
 
-import glob
+import collections
 import itertools
-import os
-import stat
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -24,8 +22,9 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..errors import DecodeError, FormatError
-from ..reader import RecordReader
-from ..sources import check_source
+from ..errors import UsageError, UsageTypeError
+from ..reader import RecordReader, check_keywords, expand_sources
+from ..sources import check_source, source_name
 from .prefetch import Prefetcher
 from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes, new_seed
 from .stats import EpochStats, empty_snapshot
@@ -93,9 +92,9 @@ class _Take:
 # -- argument checks ----------------------------------------------------------------------------
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        raise UsageTypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+        raise UsageError(f"{name} must be >= {minimum}, not {value}")
     return int(value)
 
 
@@ -106,54 +105,40 @@ def _check_seed(seed: Any) -> int:
     return _check_int("seed", seed, 0)
 
 
-def _is_glob(text: str) -> bool:
-    return glob.has_magic(text) and not os.path.exists(text)
-
-
-def _readable_entry(path: str) -> bool:
-    # Regular files and FIFOs; directories are not descended into and hidden files are skipped.
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
-
-
-def _expand(source: Any) -> list:
-    """One user-given source -> the sources it names (a glob or directory names several)."""
-    if isinstance(source, (str, os.PathLike)):
-        text = os.fspath(source)
-        if isinstance(text, bytes) or text == "-" or "://" in text:
-            return [source]
-        if _is_glob(text):
-            matches = sorted(p for p in glob.glob(text, recursive=True)
-                             if not os.path.basename(p).startswith(".") and _readable_entry(p))
-            if not matches:
-                raise ValueError(f"no files match {text!r}")
-            return matches
-        if os.path.isdir(text):
-            files = sorted(os.path.join(text, name) for name in os.listdir(text)
-                           if not name.startswith("."))
-            files = [p for p in files if _readable_entry(p)]
-            if not files:
-                raise ValueError(f"directory {text!r} holds no files to read")
-            return files
-    return [source]
-
-
-def _expand_sources(source_or_list: Any) -> tuple:
-    items = list(source_or_list) if isinstance(source_or_list, (list, tuple)) else [source_or_list]
-    if not items:
-        raise ValueError("Dataset needs at least one source")
-    out: list = []
-    for item in items:
-        out.extend(_expand(item))
-    return tuple(out)
-
-
 def _takes_header(decoder: Any) -> bool:
     """Whether the decoder reads column names from each stream's first record (CSV header)."""
     return getattr(decoder, "header", False) is True
+
+
+#: Adapters (to_torch/to_tf results) whose epochs stats() considers: the latest few made.
+_STATS_PROVIDERS = 8
+#: How many source names repr() shows before it abbreviates.
+_REPR_SOURCES = 4
+_REPR_DECODER_WIDTH = 60
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _REPR_DECODER_WIDTH else f"{type(value).__name__}(...)"
+
+
+def _stage_call(stage: Any) -> str:
+    """A stage as the method call that made it: ``.shuffle(10000, seed=0)``."""
+    if isinstance(stage, _Shuffle):
+        extra = "".join(f", {name}={getattr(stage, name)!r}" for name in ("buffer_bytes", "initial")
+                        if getattr(stage, name) is not None)
+        return f".shuffle({stage.buffer_size}{extra}, seed={stage.seed})"
+    if isinstance(stage, _Batch):
+        return f".batch({stage.batch_size}{', drop_last=True' if stage.drop_last else ''})"
+    if isinstance(stage, _ShuffleBatches):
+        return f".shuffle_batches({stage.n}, seed={stage.seed})"
+    if isinstance(stage, _Prefetch):
+        return f".prefetch({'' if stage.n is None else stage.n})"
+    if isinstance(stage, _Skip):
+        return f".skip({stage.n})"
+    if isinstance(stage, _Take):
+        return f".take({stage.n})"
+    return f".{type(stage).__name__.lstrip('_').lower()}(...)"  # a stage added later
 
 
 # -- the Dataset ----------------------------------------------------------------------------------
@@ -188,14 +173,15 @@ class Dataset:
 
     def __init__(self, source_or_list: Any, format: str, *, decoder: Any = None,
                  **reader_options: Any) -> None:
-        sources = _expand_sources(source_or_list)
+        check_keywords(format, reader_options, also=("decoder",))
+        sources = expand_sources(source_or_list)
         for source in sources:
             check_source(source)
         # A RecordReader checks the format, its options and their values when it is built, and
         # opens nothing until it is iterated: build one now so mistakes surface here.
         RecordReader(sources[0], format, **reader_options)
         if decoder is not None and not callable(getattr(decoder, "decode_batch", None)):
-            raise TypeError("decoder must have a decode_batch() method, not"
+            raise UsageTypeError("decoder must have a decode_batch() method, not"
                             f" {type(decoder).__name__}")
         self._all_sources = sources
         self._format = format
@@ -210,6 +196,15 @@ class Dataset:
     def _reset_runtime(self) -> None:
         self._epochs_started = 0
         self._last_stats: Optional[EpochStats] = None
+        # Adapters that read this Dataset elsewhere (DataLoader workers, a tf.data generator)
+        # report their epochs here, so that stats() describes what happened. Held strongly (a
+        # user may drop the DataLoader and then ask), but only the latest few.
+        self._stats_providers: collections.deque = collections.deque(maxlen=_STATS_PROVIDERS)
+
+    def _add_stats_provider(self, provider: Any) -> None:
+        """Let :meth:`stats` also consider ``provider.latest_stats()``: ``None`` or
+        ``(started_at, snapshot)`` of the latest epoch it read (wall-clock start)."""
+        self._stats_providers.append(provider)
 
     def _derive(self, **changes: Any) -> "Dataset":
         new = object.__new__(Dataset)
@@ -221,6 +216,8 @@ class Dataset:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_last_stats"] = None  # holds a lock; stats belong to the process that iterated
+        # They stay in the process that made them (a worker reports through the adapter).
+        state["_stats_providers"] = collections.deque(maxlen=_STATS_PROVIDERS)
         return state
 
     # -- description ------------------------------------------------------------------------
@@ -260,10 +257,27 @@ class Dataset:
         return bool(self._round_robin)
 
     def __repr__(self) -> str:
-        sources = self.sources
-        head = repr(sources[0]) if len(sources) == 1 else f"{len(sources)} sources"
-        stages = "".join(f".{type(s).__name__.lstrip('_').lower()}(...)" for s in self._stages)
-        return f"Dataset({head}, {self._format!r}){stages}"
+        names = [source_name(source) for source in self.sources]
+        if len(names) > _REPR_SOURCES:  # the first and last few, and how many in all
+            shown = ", ".join(repr(n) for n in names[:_REPR_SOURCES - 1])
+            head = f"[{shown}, ... ({len(names)} sources), {names[-1]!r}]"
+        else:
+            head = repr(names[0]) if len(names) == 1 else repr(names)
+        args = [head, repr(self._format)]
+        if self._decoder is not None:
+            args.append(f"decoder={_short_repr(self._decoder)}")
+        args.extend(f"{key}={value!r}" for key, value in self._reader_options.items())
+        calls = "".join(_stage_call(stage) for stage in self._stages)
+        calls += "".join(f".shard({n}, {i})" for n, i in self._round_robin)
+        return f"Dataset({', '.join(args)}){calls}"
+
+    def __len__(self) -> int:
+        raise UsageTypeError(
+            "a streamio Dataset is a stream: how many records it holds is known only once an epoch"
+            " has read it to the end (a pipe or an HTTP stream cannot be measured beforehand), so"
+            " it has no len(). Count an epoch with sum(1 for _ in ds) or `streamio count`. For"
+            " a PyTorch DataLoader, call ds.to_torch(): DataLoader(ds.to_torch(),"
+            " batch_size=None)")
 
     # -- building -----------------------------------------------------------------------------
     def _batched(self) -> bool:
@@ -307,9 +321,9 @@ class Dataset:
         long)."""
         batch_size = _check_int("batch_size", batch_size, 1)
         if not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last must be a bool, not {type(drop_last).__name__}")
+            raise UsageTypeError(f"drop_last must be a bool, not {type(drop_last).__name__}")
         if self._batched():
-            raise ValueError("this Dataset is already batched")
+            raise UsageError("this Dataset is already batched")
         return self._with_stage(_Batch(batch_size, drop_last))
 
     def shuffle_batches(self, n: int, *, seed: Optional[int] = None) -> "Dataset":
@@ -317,7 +331,7 @@ class Dataset:
         batches, so it costs no per-record work)."""
         n = _check_int("n", n, 1)
         if not self._batched():
-            raise ValueError("shuffle_batches() needs batch() first (use shuffle() for records)")
+            raise UsageError("shuffle_batches() needs batch() first (use shuffle() for records)")
         return self._with_stage(_ShuffleBatches(n, _check_seed(seed)))
 
     def prefetch(self, n: Optional[int] = None) -> "Dataset":
@@ -362,7 +376,7 @@ class Dataset:
         num_shards = _check_int("num_shards", num_shards, 1)
         index = _check_int("index", index, 0)
         if index >= num_shards:
-            raise ValueError(f"shard index must be in [0, {num_shards}), not {index}")
+            raise UsageError(f"shard index must be in [0, {num_shards}), not {index}")
         if num_shards == 1:
             return self._derive()
         if len(self._selection) >= num_shards:
@@ -384,9 +398,9 @@ class Dataset:
         rank = _check_int("rank", rank, 0)
         worker = _check_int("worker", worker, 0)
         if rank >= world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), not {rank}")
+            raise UsageError(f"rank must be in [0, {world_size}), not {rank}")
         if worker >= num_workers:
-            raise ValueError(f"worker must be in [0, {num_workers}), not {worker}")
+            raise UsageError(f"worker must be in [0, {num_workers}), not {worker}")
         context = PipelineContext(epoch, rank, world_size, worker, num_workers)
         return self._derive(_context=context)
 
@@ -413,10 +427,19 @@ class Dataset:
         ``wait_s`` (the consumer waiting for data), ``consumer_s`` (the consumer holding data),
         ``first_batch_s``, ``elapsed_s``, ``records_per_s``, ``epoch``, ``sources_opened``,
         ``bytes_decoded``, ``finished``. All zero before the first epoch.
+
+        Epochs read through :meth:`to_torch` (in DataLoader workers too: each worker reports its
+        counters to the main process, summed here, with ``first_batch_s`` the earliest and
+        ``elapsed_s`` the longest worker's) or :meth:`to_tf` count as this Dataset's epochs.
         """
-        if self._last_stats is None:
-            return empty_snapshot()
-        return self._last_stats.snapshot()
+        latest: Optional[tuple] = None
+        if self._last_stats is not None:
+            latest = (self._last_stats.started_at, self._last_stats.snapshot())
+        for provider in tuple(self._stats_providers):
+            found = provider.latest_stats()
+            if found is not None and (latest is None or found[0] >= latest[0]):
+                latest = found
+        return empty_snapshot() if latest is None else latest[1]
 
     def __iter__(self) -> "EpochIterator":
         if self._context.epoch is not None:

@@ -27,6 +27,8 @@ import collections
 import threading
 from typing import Any, Callable, Iterator, Optional
 
+from ..errors import UsageError
+
 __all__ = ["AUTO_MAX_BYTES", "AUTO_MAX_ITEMS", "AUTO_START", "CLOSE_JOIN_S", "IDLE_POLL_MAX_S",
            "IDLE_POLL_S", "PUT_POLL_S", "Prefetcher"]
 
@@ -271,7 +273,7 @@ class Prefetcher:
                  size_of: Optional[Callable[[Any], int]] = None,
                  name: str = "streamio-prefetch") -> None:
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"prefetch size must be a positive int or None, not {n!r}")
+            raise UsageError(f"prefetch size must be a positive int or None, not {n!r}")
         auto = n is None
         self._shared = _Shared(upstream, AUTO_START if auto else n, auto, size_of)
         self._done = False

@@ -23,6 +23,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from ..errors import UsageError
+
 __all__ = ["DEFAULT_BLOCK", "NUMPY_MIN_BUFFER", "ShuffleBuffer", "derive_rng", "estimate_nbytes",
            "new_seed"]
 
@@ -109,15 +111,15 @@ class ShuffleBuffer:
                  buffer_bytes: Optional[int] = None, initial: Optional[int] = None,
                  size_of: Callable[[Any], int] = len, block: int = DEFAULT_BLOCK) -> None:
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ValueError(f"buffer_size must be a positive int, not {buffer_size!r}")
+            raise UsageError(f"buffer_size must be a positive int, not {buffer_size!r}")
         if buffer_bytes is not None and (isinstance(buffer_bytes, bool)
                                          or not isinstance(buffer_bytes, int) or buffer_bytes < 1):
-            raise ValueError(f"buffer_bytes must be a positive int or None, not {buffer_bytes!r}")
+            raise UsageError(f"buffer_bytes must be a positive int or None, not {buffer_bytes!r}")
         if initial is not None and (isinstance(initial, bool) or not isinstance(initial, int)
                                     or initial < 0):
-            raise ValueError(f"initial must be a non-negative int or None, not {initial!r}")
+            raise UsageError(f"initial must be a non-negative int or None, not {initial!r}")
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise ValueError(f"block must be a positive int, not {block!r}")
+            raise UsageError(f"block must be a positive int, not {block!r}")
         self.buffer_size = buffer_size
         self.buffer_bytes = buffer_bytes
         self.initial = initial

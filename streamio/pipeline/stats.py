@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any, Optional
 
-__all__ = ["EpochStats", "STATS_KEYS", "empty_snapshot"]
+__all__ = ["EpochStats", "STATS_KEYS", "empty_snapshot", "merge_snapshots"]
 
 #: The keys of every snapshot, in a stable order.
 STATS_KEYS = (
@@ -44,6 +44,9 @@ class EpochStats:
         self.epoch = epoch
         self._clock = time.perf_counter
         self._start = self._clock()
+        # Wall-clock start, comparable between processes: which epoch is the latest when stats
+        # come from DataLoader workers too.
+        self.started_at = time.time()
         self._end: Optional[float] = None
         self._lock = threading.Lock()
         self._live: list = []  # reader stats objects of the sources open right now
@@ -122,3 +125,28 @@ def empty_snapshot() -> dict[str, Any]:
     snap.update(epoch=None, first_batch_s=None, finished=False, source_wait_s=0.0, decode_s=0.0,
                 wait_s=0.0, consumer_s=0.0, elapsed_s=0.0, records_per_s=0.0)
     return snap
+
+
+#: Counters that add up over the readers of one epoch (DataLoader workers, input pipelines).
+_SUMMED = ("records", "batches", "bytes", "bytes_decoded", "records_read", "skipped_records",
+           "skipped_bytes", "sources_opened", "source_wait_s", "decode_s", "wait_s", "consumer_s")
+
+
+def merge_snapshots(snapshots: list) -> dict[str, Any]:
+    """One snapshot for an epoch read by several readers at once (DataLoader workers): counters
+    and times spent are summed over the readers; ``elapsed_s`` is the longest reader's,
+    ``first_batch_s`` the earliest first item; ``finished`` when every reader has finished."""
+    if not snapshots:
+        return empty_snapshot()
+    if len(snapshots) == 1:
+        return dict(snapshots[0])
+    out = empty_snapshot()
+    for key in _SUMMED:
+        out[key] = sum(snap[key] for snap in snapshots)
+    out["epoch"] = snapshots[0]["epoch"]
+    firsts = [snap["first_batch_s"] for snap in snapshots if snap["first_batch_s"] is not None]
+    out["first_batch_s"] = min(firsts) if firsts else None
+    out["elapsed_s"] = max(snap["elapsed_s"] for snap in snapshots)
+    out["records_per_s"] = out["records"] / out["elapsed_s"] if out["elapsed_s"] > 0 else 0.0
+    out["finished"] = all(snap["finished"] for snap in snapshots)
+    return out

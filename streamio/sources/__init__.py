@@ -10,6 +10,7 @@ import os
 from typing import Any, Callable, Optional
 
 from ..errors import UsageError
+from ..errors import UsageTypeError
 from .base import ByteSource, check_timeout
 from .http import HttpSource
 from .local import BytesSource, FileSource, StreamSource, stdin_source
@@ -57,7 +58,7 @@ def check_source(source: Any) -> None:
         return
     if callable(getattr(source, "readinto", None)) or callable(getattr(source, "read", None)):
         return
-    raise TypeError(f"cannot read from a {type(source).__name__}: pass a path, URL, '-', bytes,"
+    raise UsageTypeError(f"cannot read from a {type(source).__name__}: pass a path, URL, '-', bytes,"
                     " a binary file object or a PipeChannel")
 
 

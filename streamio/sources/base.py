@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..errors import UsageError, UsageTypeError
+
 
 class ByteSource:
     """A readable stream of bytes.
@@ -35,7 +37,7 @@ def check_timeout(name: str, value: Optional[float]) -> Optional[float]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
+        raise UsageTypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
     if value <= 0:
-        raise ValueError(f"{name} must be positive, not {value}")
+        raise UsageError(f"{name} must be positive, not {value}")
     return float(value)

@@ -17,6 +17,7 @@ import urllib.parse
 from typing import Mapping, Optional
 
 from ..errors import SourceError
+from ..errors import UsageError
 from .base import ByteSource
 
 DEFAULT_MAX_RETRIES = 5
@@ -34,7 +35,7 @@ class HttpSource(ByteSource):
                  max_retries: int = DEFAULT_MAX_RETRIES, backoff: float = DEFAULT_BACKOFF,
                  headers: Optional[Mapping[str, str]] = None) -> None:
         if max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
+            raise UsageError("max_retries must be >= 0")
         self.name = url
         self._url = url
         self._timeout = read_timeout if read_timeout is not None else DEFAULT_HTTP_TIMEOUT

@@ -10,6 +10,7 @@ import time
 from typing import Optional
 
 from ..errors import SourceError
+from ..errors import UsageTypeError
 from .base import ByteSource
 
 try:
@@ -131,7 +132,7 @@ class StreamSource(ByteSource):
         self._owned = owned
         self._readinto = getattr(fileobj, "readinto", None)
         if not callable(getattr(fileobj, "read", None)) and self._readinto is None:
-            raise TypeError(f"{type(fileobj).__name__} is not a readable binary file object")
+            raise UsageTypeError(f"{type(fileobj).__name__} is not a readable binary file object")
 
     def readinto(self, buf: memoryview) -> int:
         try:

@@ -13,6 +13,7 @@ import time
 from typing import Optional
 
 from ..errors import SourceError
+from ..errors import UsageError
 from .base import check_timeout
 from .local import FileSource
 
@@ -38,7 +39,7 @@ class PipeChannel:
                  open_timeout: Optional[float] = DEFAULT_OPEN_TIMEOUT,
                  read_timeout: Optional[float] = DEFAULT_READ_TIMEOUT) -> None:
         if isinstance(start_epoch, bool) or not isinstance(start_epoch, int) or start_epoch < 0:
-            raise ValueError(f"start_epoch must be a non-negative int, not {start_epoch!r}")
+            raise UsageError(f"start_epoch must be a non-negative int, not {start_epoch!r}")
         self.path_prefix = os.fspath(path_prefix)
         self.epoch = start_epoch  # the epoch the next open() reads
         self.open_timeout = check_timeout("open_timeout", open_timeout)

@@ -103,6 +103,20 @@ def pipe_channel(paths, workdir, persistent):
         writer.wait(timeout=30)
 
 
+def stats_from_workers(paths):
+    """ds.stats() after epochs read in 2 DataLoader workers, then in the main process."""
+    ds = Dataset(paths, "tfrecord", decoder=DECODER).batch(8)
+    out = {}
+    for workers in (2, 0):
+        loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
+        epoch_ids(loader)
+        del loader  # stats() must not depend on the DataLoader staying alive
+        gc.collect()
+        out[str(workers)] = ds.stats()
+    out["file_bytes"] = sum(os.path.getsize(p) for p in paths)
+    return out
+
+
 def main():
     workdir = sys.argv[1]
     paths = write_files(workdir)
@@ -113,6 +127,7 @@ def main():
         "fifo_error": fifo_with_workers(paths, workdir),
         "pipe_channel": pipe_channel(paths, workdir, False),
         "pipe_channel_persistent": pipe_channel(paths, workdir, True),
+        "stats": stats_from_workers(paths),
         "tensorflow_imported": "tensorflow" in sys.modules,
     }
     json.dump(result, sys.stdout)
