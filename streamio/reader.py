@@ -17,16 +17,18 @@ from typing import Any, Iterable, Iterator, Optional
 
 from .codecs import check_compression, infer_compression, make_codec
 from .errors import SourceError, UsageError
-from .formats import DEFAULT_MAX_RECORD_SIZE, encode_recordio, encode_tfrecord, make_framer
+from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_tfrecord,
+                      make_framer)
 from .formats.recordio import MULTIPART_CHOICES
 from .formats._base import check_common
-from .sources import ByteSource, PipeChannel, check_source, open_source, source_name
+from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
+                      source_name)
 from .sources.base import check_timeout
 
 #: 1 MiB reads: large enough that per-read overhead vanishes, and a pipe buffer's worth.
 DEFAULT_READ_SIZE = 1024 * 1024
 READER_OPTIONS = frozenset({"compression", "verify", "on_error", "multipart", "max_record_size",
-                            "read_size", "read_timeout"})
+                            "read_size", "open_timeout", "read_timeout"})
 
 # File objects (and stdin) are one-shot: a second pass would silently read nothing.
 _consumed_files: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -49,6 +51,20 @@ class ReaderStats:
             setattr(self, field, getattr(self, field) + getattr(other, field))
 
 
+def _check_format_options(format: str, options: dict) -> None:
+    """Name an unknown keyword as such, with what reading and the format accept (the framer
+    alone would say the format "takes no option", as if a reader option were its business)."""
+    entry = FORMATS.get(format) if isinstance(format, str) else None
+    if not isinstance(entry, tuple) or len(entry) < 2:
+        return  # an unknown format (or a registry of another shape): make_framer says so
+    accepted = set(entry[1])
+    unknown = set(options) - accepted
+    if unknown:
+        raise TypeError(f"unknown option(s) {sorted(unknown)}: reading takes"
+                        f" {sorted(READER_OPTIONS)}, and format {format!r} takes"
+                        f" {sorted(accepted) if accepted else 'no options of its own'}")
+
+
 def _is_file_object(source: Any) -> bool:
     return not isinstance(source, (str, os.PathLike, bytes, bytearray, memoryview, PipeChannel,
                                    ByteSource))
@@ -65,12 +81,15 @@ class RecordReader:
     def __init__(self, source: Any, format: str, *, compression: Optional[str] = "infer",
                  verify: bool = True, on_error: str = "raise", multipart: str = "dmlc",
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
-                 read_size: int = DEFAULT_READ_SIZE, read_timeout: Optional[float] = None,
-                 **format_options: Any) -> None:
+                 read_size: int = DEFAULT_READ_SIZE, open_timeout: Optional[float] = None,
+                 read_timeout: Optional[float] = None, **format_options: Any) -> None:
         check_source(source)
         check_compression(compression)
         check_common(on_error, max_record_size)
+        check_timeout("open_timeout", open_timeout)
         check_timeout("read_timeout", read_timeout)
+        check_timeouts_apply(source, open_timeout=open_timeout, read_timeout=read_timeout)
+        _check_format_options(format, format_options)
         if isinstance(read_size, bool) or not isinstance(read_size, int) or read_size <= 0:
             raise ValueError(f"read_size must be a positive int, not {read_size!r}")
         self.source = source
@@ -81,6 +100,7 @@ class RecordReader:
         make_framer(format, source=self.source_name, **self._framer_options)  # validate now
         self.compression = compression
         self.read_size = read_size
+        self.open_timeout = open_timeout
         self.read_timeout = read_timeout
         self.stats = ReaderStats()
         self._src: Optional[ByteSource] = None
@@ -99,7 +119,7 @@ class RecordReader:
                 pass
         if isinstance(source, str) and source == "-" and _stdin_consumed:
             raise UsageError("stdin was read to the end by an earlier pass")
-        return open_source(source, read_timeout=self.read_timeout)
+        return open_source(source, open_timeout=self.open_timeout, read_timeout=self.read_timeout)
 
     def _mark_consumed(self) -> None:
         global _stdin_consumed
@@ -207,7 +227,8 @@ def read_records(source: Any, format: str, *, compression: Optional[str] = "infe
     ``format``: ``"tfrecord"``, ``"recordio"``, ``"csv"`` or ``"lines"``. Arguments are checked
     now; reading starts with the first ``next()``. Errors are :class:`StreamioError` subclasses
     that name the source, byte offset and record; every whole record before a fault is delivered.
-    Extra keywords: ``read_size``, ``read_timeout`` and format options (``quotechar`` for csv).
+    Extra keywords: ``read_size``, ``open_timeout``, ``read_timeout`` (seconds; see
+    :func:`streamio.sources.open_source`) and format options (``quotechar`` for csv).
     """
     sources = list(source) if isinstance(source, (list, tuple)) else [source]
     readers = [RecordReader(s, format, compression=compression, verify=verify, on_error=on_error,

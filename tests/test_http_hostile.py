@@ -16,7 +16,6 @@ import streamio
 from streamio.errors import FormatError, SourceError, StreamioError
 from streamio.formats import encode_tfrecord
 from streamio.sources import HttpSource
-from streamio.sources.http import LowSpeedMeter
 
 from hostile_http import HostileHTTPServer, closed_port
 
@@ -123,6 +122,8 @@ def test_a_pausing_consumer_does_not_make_a_fast_server_look_slow(server):
 
 
 def test_low_speed_meter():
+    from streamio.sources.http import LowSpeedMeter
+
     meter = LowSpeedMeter(100, 10, 0.0)
     meter.add(500, 5.0)
     assert not meter.too_slow(5.0)  # no verdict before the window has passed
