@@ -36,8 +36,7 @@ def bounded(fn, seconds=60.0):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(seconds)
-    if thread.is_alive():
-        # Unblock the hung reader (a writer that opens and closes the FIFO ends its wait).
+    if thread.is_alive():  # the lonely_fifo fixture's teardown then unblocks the reader
         pytest.fail(f"still waiting after {seconds:g} s (a hang)")
     if "error" in box:
         raise box["error"]

@@ -278,6 +278,7 @@ class HttpSource(ByteSource):
     def _accept(self, conn, resp, sock) -> None:
         status = resp.status
         self._conn, self._resp, self._sock = conn, resp, sock  # from here on _drop() closes them
+        self._skip, self._skip_crc = 0, None  # a 200 on a resume sets them again
         if status in _RETRYABLE_STATUS:
             raise _Transient(f"HTTP {status} {resp.reason}")
         if status >= 400:
