@@ -1,4 +1,4 @@
-"""A real HTTP/1.1 server on 127.0.0.1 (stdlib ``http.server`` in a thread) that misbehaves on request.
+"""A real HTTP/1.1 server on 127.0.0.1 (stdlib ``http.server``, in a thread) that misbehaves.
 
 Each path is a :class:`Route` saying how to misbehave::
 
@@ -93,8 +93,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         if route.status is not None:
             body = route.body or b""
-            self._head(route.status, {"Content-Type": "text/html", "Content-Length": str(len(body))},
-                       route)
+            self._head(route.status, {"Content-Type": "text/html",
+                                      "Content-Length": str(len(body))}, route)
             self._raw(body)
             return
         data = route.versions[min(k, len(route.versions) - 1)]

@@ -77,7 +77,7 @@ _CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,19})-([0-9]{1,19})/([0-9]{1,19}|\*)
 
 
 class _Transient(Exception):
-    """A failed attempt worth retrying (dropped, silent, too slow, 5xx). Never leaves this module."""
+    """A failed attempt to retry (dropped, silent, too slow, 5xx); never leaves this module."""
 
     def __init__(self, what: str, cause: Optional[BaseException] = None) -> None:
         super().__init__(what)
