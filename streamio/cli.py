@@ -49,11 +49,28 @@ def _compression(value: str) -> Optional[str]:
     return None if value == "none" else value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
 def _reader_options(args) -> dict:
     options: dict[str, Any] = dict(compression=_compression(args.compression),
                                    verify=not args.no_verify, on_error=args.on_error)
     if getattr(args, "multipart", None):
         options["multipart"] = args.multipart
+    # --timeout bounds every wait (the first data too); --open-timeout overrides the first.
+    timeout = getattr(args, "timeout", None)
+    open_timeout = getattr(args, "open_timeout", None)
+    if timeout is not None:
+        options["read_timeout"] = timeout
+    if open_timeout is not None or timeout is not None:
+        options["open_timeout"] = open_timeout if open_timeout is not None else timeout
     return options
 
 
@@ -237,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--on-error", default="raise", choices=("raise", "skip", "warn"))
         p.add_argument("--no-verify", action="store_true", help="skip TFRecord CRC checks")
         p.add_argument("--multipart", choices=("dmlc", "concat"), help="RecordIO part joining")
+        p.add_argument("--timeout", type=_positive_seconds, metavar="SECONDS",
+                       help="fail if the source keeps us waiting this long: for the first data"
+                            " (a FIFO's writer, an HTTP answer) and between reads")
+        p.add_argument("--open-timeout", type=_positive_seconds, metavar="SECONDS",
+                       help="wait this long for the first data instead (default: --timeout)")
 
     p = sub.add_parser("count", help="print the number of records (progress on a terminal)")
     reading(p)

@@ -25,13 +25,14 @@ from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_
                       make_framer)
 from .formats.recordio import MULTIPART_CHOICES
 from .formats._base import check_common
-from .sources import ByteSource, PipeChannel, check_source, open_source, source_name
+from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
+                      source_name)
 from .sources.base import check_timeout
 
 #: 1 MiB reads: large enough that per-read overhead vanishes, and a pipe buffer's worth.
 DEFAULT_READ_SIZE = 1024 * 1024
 READER_OPTIONS = frozenset({"compression", "verify", "on_error", "multipart", "max_record_size",
-                            "read_size", "read_timeout"})
+                            "read_size", "open_timeout", "read_timeout"})
 
 # File objects (and stdin) are one-shot: a second pass would silently read nothing.
 _consumed_files: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -144,13 +145,15 @@ class RecordReader:
     def __init__(self, source: Any, format: str, *, compression: Optional[str] = "infer",
                  verify: bool = True, on_error: str = "raise", multipart: str = "dmlc",
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
-                 read_size: int = DEFAULT_READ_SIZE, read_timeout: Optional[float] = None,
-                 **format_options: Any) -> None:
+                 read_size: int = DEFAULT_READ_SIZE, open_timeout: Optional[float] = None,
+                 read_timeout: Optional[float] = None, **format_options: Any) -> None:
         check_keywords(format, format_options)
         check_source(source)
         check_compression(compression)
         check_common(on_error, max_record_size)
+        check_timeout("open_timeout", open_timeout)
         check_timeout("read_timeout", read_timeout)
+        check_timeouts_apply(source, open_timeout=open_timeout, read_timeout=read_timeout)
         if isinstance(read_size, bool) or not isinstance(read_size, int) or read_size <= 0:
             raise UsageError(f"read_size must be a positive int, not {read_size!r}")
         self.source = source
@@ -161,6 +164,7 @@ class RecordReader:
         make_framer(format, source=self.source_name, **self._framer_options)  # validate now
         self.compression = compression
         self.read_size = read_size
+        self.open_timeout = open_timeout
         self.read_timeout = read_timeout
         self.stats = ReaderStats()
         self._src: Optional[ByteSource] = None
@@ -179,7 +183,7 @@ class RecordReader:
                 pass
         if isinstance(source, str) and source == "-" and _stdin_consumed:
             raise UsageError("stdin was read to the end by an earlier pass")
-        return open_source(source, read_timeout=self.read_timeout)
+        return open_source(source, open_timeout=self.open_timeout, read_timeout=self.read_timeout)
 
     def _mark_consumed(self) -> None:
         global _stdin_consumed
@@ -290,7 +294,8 @@ def read_records(source: Any, format: str, *, compression: Optional[str] = "infe
     ``format``: ``"tfrecord"``, ``"recordio"``, ``"csv"`` or ``"lines"``. Arguments are checked
     now; reading starts with the first ``next()``. Errors are :class:`StreamioError` subclasses
     that name the source, byte offset and record; every whole record before a fault is delivered.
-    Extra keywords: ``read_size``, ``read_timeout`` and format options (``quotechar`` for csv).
+    Extra keywords: ``read_size``, ``open_timeout``, ``read_timeout`` (seconds; see
+    :func:`streamio.sources.open_source`) and format options (``quotechar`` for csv).
     """
     sources = expand_sources(source)
     readers = [RecordReader(s, format, compression=compression, verify=verify, on_error=on_error,

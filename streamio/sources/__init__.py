@@ -22,14 +22,18 @@ SCHEMES: dict[str, Opener] = {}
 
 
 def register_scheme(scheme: str, opener: Opener) -> None:
-    """``opener(url, read_timeout=...) -> ByteSource`` serves URLs of ``scheme://``."""
+    """``opener(url, *, open_timeout=None, read_timeout=None) -> ByteSource`` serves
+    ``scheme://`` URLs (None: the transport's own default)."""
     SCHEMES[scheme] = opener
 
 
-register_scheme("http", lambda url, read_timeout=None: HttpSource(url, read_timeout=read_timeout))
-register_scheme("https", lambda url, read_timeout=None: HttpSource(url, read_timeout=read_timeout))
-register_scheme("file", lambda url, read_timeout=None: FileSource(url[len("file://"):],
-                                                                  read_timeout=read_timeout))
+def _open_file_url(url: str, **timeouts: Optional[float]) -> ByteSource:
+    return FileSource(url[len("file://"):], **timeouts)
+
+
+register_scheme("http", HttpSource)
+register_scheme("https", HttpSource)
+register_scheme("file", _open_file_url)
 
 
 def _scheme(text: str) -> str:
@@ -62,30 +66,73 @@ def check_source(source: Any) -> None:
                     " a binary file object or a PipeChannel")
 
 
-def open_source(source: Any, *, read_timeout: Optional[float] = None) -> ByteSource:
-    """Open ``source`` for reading. Paths may name FIFOs; ``"-"`` is stdin."""
+def _timeless_kind(source: Any) -> Optional[str]:
+    """What kind of source this is if streamio cannot bound its waits (else None)."""
+    if isinstance(source, ByteSource):
+        return "an already opened source (give it its timeouts when you create it)"
+    if isinstance(source, (str, os.PathLike)):
+        scheme = _scheme(os.fspath(source))
+        if scheme and scheme not in SCHEMES:
+            return f"a {scheme}:// URL (read through smart_open, which streamio cannot time)"
+        return None
+    if isinstance(source, (bytes, bytearray, memoryview, PipeChannel)):
+        return None  # in-memory bytes never wait; a PipeChannel takes them per epoch
+    return ("a file object (streamio cannot bound its reads; pass its path, or '-' for stdin)")
+
+
+def check_timeouts_apply(source: Any, *, open_timeout: Optional[float] = None,
+                         read_timeout: Optional[float] = None) -> None:
+    """Raise :class:`UsageError` if timeouts are asked for a source that cannot honour them.
+
+    Timeouts bound waiting: paths (regular files never wait; FIFOs are polled), ``"-"``, http(s)
+    and ``file://`` URLs and PipeChannels take them, and in-memory bytes satisfy any. A file
+    object or a smart_open URL could wait without bound, so asking for a timeout there is an
+    error rather than a promise silently not kept.
+    """
+    given = [name for name, value in (("open_timeout", open_timeout),
+                                      ("read_timeout", read_timeout)) if value is not None]
+    kind = _timeless_kind(source) if given else None
+    if kind:
+        raise UsageError(f"option {' and '.join(given)} cannot apply to {source_name(source)}:"
+                         f" it is {kind}")
+
+
+def open_source(source: Any, *, open_timeout: Optional[float] = None,
+                read_timeout: Optional[float] = None) -> ByteSource:
+    """Open ``source`` for reading. Paths may name FIFOs; ``"-"`` is stdin.
+
+    ``open_timeout``: seconds to wait for the source to start (a FIFO's writer and its first
+    data; an HTTP connection and its response headers); ``read_timeout``: seconds any later
+    read may wait. None: the source's default (FIFOs and stdin: ``open_timeout`` takes
+    ``read_timeout``'s value, and both None wait as long as it takes; HTTP: see
+    :mod:`streamio.sources.http`).
+    """
+    check_timeout("open_timeout", open_timeout)
     check_timeout("read_timeout", read_timeout)
     check_source(source)
+    check_timeouts_apply(source, open_timeout=open_timeout, read_timeout=read_timeout)
+    timeouts = {"open_timeout": open_timeout, "read_timeout": read_timeout}
     if isinstance(source, ByteSource):
         if source.closed:
             raise UsageError(f"{source.name} was already read to the end and closed")
         return source
     if isinstance(source, PipeChannel):
-        return source.open()
+        return source.open(**timeouts)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return BytesSource(source)
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         if text == "-":
-            return stdin_source()
+            return stdin_source(**timeouts)
         scheme = _scheme(text)
         if scheme in SCHEMES:
-            return SCHEMES[scheme](text, read_timeout=read_timeout)
+            return SCHEMES[scheme](text, **timeouts)
         if scheme:
             return open_smart(text)
-        return FileSource(text, read_timeout=read_timeout)
+        return FileSource(text, **timeouts)
     return StreamSource(source)
 
 
 __all__ = ["ByteSource", "BytesSource", "FileSource", "HttpSource", "PipeChannel", "SCHEMES",
-           "StreamSource", "check_source", "open_source", "register_scheme", "source_name"]
+           "StreamSource", "check_source", "check_timeouts_apply", "open_source",
+           "register_scheme", "source_name"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import stat
@@ -51,57 +52,38 @@ def enlarge_pipe(fd: int, want: int = DEFAULT_PIPE_BUFFER) -> Optional[int]:
         return None
 
 
-class FileSource(ByteSource):
-    """A path: a regular file, or a named pipe read without ever seeking.
+class _PolledReads(ByteSource):
+    """Reads of a pipe, FIFO, socket or terminal fd, each after ``poll``, so no wait is unbounded.
 
-    A FIFO is opened non-blocking (so opening never hangs) and read after ``poll``: the first data
-    must come within ``open_timeout`` and each later read within ``read_timeout`` (None: wait as
-    long as it takes, like ``cat``), else a :class:`SourceError` ends the wait.
+    The first data must come within ``open_timeout`` (for a FIFO: a writer must connect and
+    write), each later read within ``read_timeout``; ``None`` (or ``math.inf``) waits as long as
+    it takes, like ``cat``. Poll tells the cases apart on Linux: a FIFO opened non-blocking with
+    no writer yet polls as *not ready* (no POLLHUP until a writer has come and gone), so a
+    writer that connects late is waited for; a writer that closed gives POLLHUP and a 0-byte
+    read, the end of the stream.
     """
 
-    def __init__(self, path: str, *, read_timeout: Optional[float] = None,
-                 open_timeout: Optional[float] = None,
-                 pipe_buffer: int = DEFAULT_PIPE_BUFFER) -> None:
-        self.name = os.fspath(path)
-        self.read_timeout = read_timeout
+    _fd: int
+
+    def _init_polling(self, open_timeout: Optional[float], read_timeout: Optional[float]) -> None:
         self.open_timeout = open_timeout
-        self.pipe_size: Optional[int] = None
+        self.read_timeout = read_timeout
         self._first = True
-        try:
-            self._is_fifo = stat.S_ISFIFO(os.stat(self.name).st_mode)
-            flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-            if self._is_fifo:
-                flags |= os.O_NONBLOCK
-            self._fd = os.open(self.name, flags)
-        except OSError as exc:
-            raise SourceError(f"cannot open: {exc.strerror}", source=self.name) from exc
-        if self._is_fifo:
-            self.pipe_size = enlarge_pipe(self._fd, pipe_buffer)
-            self._poll = select.poll()
-            self._poll.register(self._fd, select.POLLIN | select.POLLPRI)
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN | select.POLLPRI)
 
-    @property
-    def is_fifo(self) -> bool:
-        return self._is_fifo
-
-    def readinto(self, buf: memoryview) -> int:
-        if self.closed:
-            raise SourceError("read from a closed source", source=self.name)
-        if not self._is_fifo:
-            try:
-                return os.readv(self._fd, [buf])
-            except OSError as exc:
-                raise SourceError(f"read failed: {exc.strerror}", source=self.name) from exc
+    def _polled_read(self, buf: memoryview) -> int:
         timeout = self.open_timeout if self._first else self.read_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None
+        if timeout is not None and math.isfinite(timeout):
+            deadline = time.monotonic() + timeout
         while True:
-            wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            try:
-                ready = self._poll.poll(wait_ms)
-            except InterruptedError:  # pragma: no cover - PEP 475 retries already
-                continue
+            wait_ms = None if deadline is None else max(0, math.ceil((deadline - time.monotonic())
+                                                                     * 1000))
+            ready = self._poll.poll(wait_ms)  # PEP 475: EINTR is retried with the time left
             if not ready:
-                what = "no writer sent data" if self._first else "the writer went silent"
+                what = ("no writer connected and sent data" if self._first
+                        else "the writer went silent")
                 raise SourceError(f"{what} for {timeout:g} s (timeout)", source=self.name)
             try:
                 n = os.readv(self._fd, [buf])
@@ -112,6 +94,48 @@ class FileSource(ByteSource):
             self._first = False
             return n
 
+
+class FileSource(_PolledReads):
+    """A path: a regular file, or a named pipe read without ever seeking.
+
+    A FIFO is opened non-blocking (so opening never hangs, whether or not a writer exists) and
+    read after ``poll``: a writer must connect and send its first data within ``open_timeout``,
+    and each later read must come within ``read_timeout``. ``open_timeout=None`` takes
+    ``read_timeout``'s value (so ``read_timeout`` alone bounds every wait); both None (or
+    ``math.inf``): wait as long as it takes, like ``cat``. Regular files never wait.
+    """
+
+    def __init__(self, path: str, *, read_timeout: Optional[float] = None,
+                 open_timeout: Optional[float] = None,
+                 pipe_buffer: int = DEFAULT_PIPE_BUFFER) -> None:
+        self.name = os.fspath(path)
+        self.pipe_size: Optional[int] = None
+        try:
+            self._is_fifo = stat.S_ISFIFO(os.stat(self.name).st_mode)
+            flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+            if self._is_fifo:
+                flags |= os.O_NONBLOCK
+            self._fd = os.open(self.name, flags)
+        except OSError as exc:
+            raise SourceError(f"cannot open: {exc.strerror}", source=self.name) from exc
+        self._init_polling(read_timeout if open_timeout is None else open_timeout, read_timeout)
+        if self._is_fifo:
+            self.pipe_size = enlarge_pipe(self._fd, pipe_buffer)
+
+    @property
+    def is_fifo(self) -> bool:
+        return self._is_fifo
+
+    def readinto(self, buf: memoryview) -> int:
+        if self.closed:
+            raise SourceError("read from a closed source", source=self.name)
+        if self._is_fifo:
+            return self._polled_read(buf)
+        try:
+            return os.readv(self._fd, [buf])
+        except OSError as exc:
+            raise SourceError(f"read failed: {exc.strerror}", source=self.name) from exc
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -119,6 +143,26 @@ class FileSource(ByteSource):
                 os.close(self._fd)
             except OSError:  # pragma: no cover
                 pass
+
+
+class PolledStdin(_PolledReads):
+    """stdin when it is a pipe, socket or terminal and a timeout is asked for.
+
+    stdin's file status flags are shared with whoever else holds it (the shell's terminal), so
+    it stays blocking: after ``poll`` says it is readable, one ``read`` returns what is there
+    without blocking. We never close fd 0.
+    """
+
+    def __init__(self, *, open_timeout: Optional[float] = None,
+                 read_timeout: Optional[float] = None) -> None:
+        self.name = "<stdin>"
+        self._fd = sys.stdin.fileno()
+        self._init_polling(read_timeout if open_timeout is None else open_timeout, read_timeout)
+
+    def readinto(self, buf: memoryview) -> int:
+        if self.closed:
+            raise SourceError("read from a closed source", source=self.name)
+        return self._polled_read(buf)
 
 
 class StreamSource(ByteSource):
@@ -159,8 +203,20 @@ class StreamSource(ByteSource):
                 self._f.close()
 
 
-def stdin_source() -> StreamSource:
-    """stdin as raw bytes, read in large unbuffered pieces."""
+def stdin_source(*, open_timeout: Optional[float] = None,
+                 read_timeout: Optional[float] = None) -> ByteSource:
+    """stdin as raw bytes, read in large unbuffered pieces.
+
+    With a timeout, and stdin a pipe, FIFO, socket or terminal (something that can keep us
+    waiting), reads are polled (:class:`PolledStdin`); a regular file never waits.
+    """
+    if open_timeout is not None or read_timeout is not None:
+        try:
+            mode = os.fstat(sys.stdin.fileno()).st_mode
+        except (OSError, ValueError) as exc:
+            raise SourceError(f"cannot use stdin: {exc}", source="<stdin>") from exc
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
+            return PolledStdin(open_timeout=open_timeout, read_timeout=read_timeout)
     raw = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
     return StreamSource(raw, name="<stdin>", owned=True)
 
@@ -180,5 +236,5 @@ class BytesSource(ByteSource):
         return n
 
 
-__all__ = ["BytesSource", "DEFAULT_PIPE_BUFFER", "FileSource", "StreamSource", "enlarge_pipe",
-           "stdin_source"]
+__all__ = ["BytesSource", "DEFAULT_PIPE_BUFFER", "FileSource", "PolledStdin", "StreamSource",
+           "enlarge_pipe", "stdin_source"]

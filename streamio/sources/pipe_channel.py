@@ -8,6 +8,7 @@ next epoch's FIFO.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Optional
@@ -57,16 +58,30 @@ class PipeChannel:
     def name(self) -> str:
         return self.path(self.epoch)
 
-    def open(self) -> FileSource:
-        """Open the next epoch's FIFO (waiting for it to appear) and move to the epoch after."""
+    def open(self, *, open_timeout: Optional[float] = None,
+             read_timeout: Optional[float] = None) -> FileSource:
+        """Open the next epoch's FIFO (waiting for it to appear) and move to the epoch after.
+
+        ``open_timeout``/``read_timeout`` given here (a reader's options) override the channel's
+        for this epoch.
+        """
+        open_timeout = check_timeout("open_timeout", open_timeout)
+        if open_timeout is None:
+            open_timeout = self.open_timeout
+        read_timeout = check_timeout("read_timeout", read_timeout)
+        if read_timeout is None:
+            read_timeout = self.read_timeout
         path = self.path(self.epoch)
-        deadline = None if self.open_timeout is None else time.monotonic() + self.open_timeout
+        deadline = None
+        if open_timeout is not None and math.isfinite(open_timeout):
+            deadline = time.monotonic() + open_timeout
         while not os.path.exists(path):
             if deadline is not None and time.monotonic() >= deadline:
-                raise SourceError(f"pipe did not appear within {self.open_timeout:g} s", source=path)
+                raise SourceError(f"pipe did not appear within {open_timeout:g} s", source=path)
             time.sleep(_APPEAR_POLL_S)
-        remaining = None if deadline is None else max(0.001, deadline - time.monotonic())
-        source = FileSource(path, open_timeout=remaining, read_timeout=self.read_timeout)
+        # The time left, or "forever": FileSource would take None to mean read_timeout.
+        remaining = math.inf if deadline is None else max(0.001, deadline - time.monotonic())
+        source = FileSource(path, open_timeout=remaining, read_timeout=read_timeout)
         self.epoch += 1
         return source
 

@@ -1,0 +1,349 @@
+"""HTTP against a hostile or broken server (tests/hostile_http.py, a real server on 127.0.0.1).
+
+Every case ends in records or a streamio error naming the URL, in bounded time; never a hang, a
+foreign exception or two versions of an object spliced together.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import streamio
+from streamio.errors import FormatError, SourceError, StreamioError
+from streamio.formats import encode_tfrecord
+from streamio.sources import HttpSource
+
+from hostile_http import HostileHTTPServer, closed_port
+
+RECORDS = [b"record %04d " % i + bytes(range(i % 200)) for i in range(300)]
+DATA = b"".join(encode_tfrecord(r) for r in RECORDS)
+# The same framing (every record the same length as in DATA), other payloads: a splice of DATA
+# and OTHER frames and checksums cleanly, so only a content check can catch it.
+OTHER_RECORDS = [r.upper() for r in RECORDS]
+OTHER = b"".join(encode_tfrecord(r) for r in OTHER_RECORDS)
+assert len(OTHER) == len(DATA) and OTHER != DATA
+
+
+@pytest.fixture
+def server():
+    with HostileHTTPServer() as s:
+        yield s
+
+
+def _http(url, **kw):
+    kw.setdefault("backoff", 0.01)
+    return HttpSource(url, **kw)
+
+
+def bounded(fn, seconds=60.0):
+    """Run ``fn`` in a thread: its result or exception, or a test failure if it runs too long
+    (the code under test hanging must fail the test, not the whole run)."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still running after {seconds:g} s (a hang)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+# -- records flow as their bytes arrive ------------------------------------------------------------
+def test_each_record_of_a_slow_honest_stream_arrives_before_the_next_is_sent(server):
+    # The server sends one record, then waits until the test has that record before sending the
+    # next: a reader that holds bytes back (until 1 MiB or the end of the body) breaks lockstep.
+    frames = [encode_tfrecord(r) for r in RECORDS[:4]]
+    url = server.add("/slow", b"".join(frames), pieces=[len(f) for f in frames], lockstep=True,
+                     lockstep_wait=10)
+
+    def consume():
+        got = []
+        for record in streamio.read_records(url, "tfrecord"):
+            got.append(record)
+            server.release("/slow")
+        return got
+
+    assert bounded(consume) == RECORDS[:4]
+    assert server.route("/slow").lockstep_timeouts == 0
+
+
+def test_large_fast_stream_still_reads_in_large_pieces(server):
+    data = DATA * 200  # ~10 MB
+    url = server.add("/big", data)
+    source = _http(url)
+    buf = memoryview(bytearray(1 << 20))
+    reads, total = 0, 0
+    while n := source.readinto(buf):
+        reads += 1
+        total += n
+    assert total == len(data)
+    assert total / reads > 16384  # not shrunk to a trickle of tiny reads
+
+
+# -- deadlines: stalls, trickles, silent servers ---------------------------------------------------
+def test_a_trickling_server_ends_in_a_source_error(server):
+    # 20 bytes/s: under the 1000 B/s limit over 1 s. Each connection is dropped as too slow and
+    # resumed; after max_retries slow connections in a row, a SourceError.
+    url = server.add("/trickle", DATA, drip=(1, 0.05))
+    with pytest.raises(SourceError, match=r"slower than 1000 bytes/s over the last 1 s.*gave up"
+                       r" after 2 retries") as info:
+        bounded(lambda: list(streamio.read_records(
+            _http(url, low_speed_limit=1000, low_speed_time=1, max_retries=2), "tfrecord")))
+    assert url in str(info.value)
+    assert len(server.requests) == 3
+
+
+def test_a_pausing_consumer_does_not_make_a_fast_server_look_slow(server):
+    # The speed limit measures time spent waiting for the server, not time the consumer spends
+    # elsewhere (a training step): tiny reads with pauses between them are not "too slow".
+    url = server.add("/fast", DATA[:4000])
+    source = _http(url, low_speed_limit=1000, low_speed_time=0.3, max_retries=0)
+    buf = memoryview(bytearray(100))
+    got = bytearray()
+    for _ in range(8):
+        n = source.readinto(buf)
+        got += buf[:n]
+        threading.Event().wait(0.1)
+    while n := source.readinto(buf):
+        got += buf[:n]
+    assert bytes(got) == DATA[:4000]
+
+
+def test_low_speed_meter():
+    from streamio.sources.http import LowSpeedMeter
+
+    meter = LowSpeedMeter(100, 10, 0.0)
+    meter.add(500, 5.0)
+    assert not meter.too_slow(5.0)  # no verdict before the window has passed
+    meter.add(600, 10.0)
+    assert not meter.too_slow(10.0)  # 1100 bytes in 10 s
+    meter.add(10, 19.0)
+    assert meter.too_slow(21.0)  # 610 bytes in the last ~11 s... baseline at 10 s: 10 bytes
+    assert meter.deadline() >= 19.0 + 10
+
+
+def test_a_stalled_server_ends_in_a_source_error(server):
+    url = server.add("/stall", DATA, stall_after=1000)
+    got = []
+    with pytest.raises(SourceError, match="gave up after 1 retries"):
+        def consume():
+            for record in streamio.read_records(_http(url, read_timeout=0.3, max_retries=1,
+                                                      low_speed_limit=None), "tfrecord"):
+                got.append(record)
+        bounded(consume)
+    assert got and got == RECORDS[:len(got)]  # every whole record before the stall
+
+
+@pytest.mark.parametrize("behaviour", [{"silent": True}, {"header_drip": 0.1}])
+def test_connect_and_headers_have_one_deadline(server, behaviour):
+    # A server that accepts and says nothing, or trickles its header block a byte at a time
+    # (each byte well within the per-read timeout), ends after open_timeout per attempt.
+    url = server.add("/h", DATA, **behaviour)
+    with pytest.raises(SourceError, match="no response headers within 0.5 s"):
+        bounded(lambda: _http(url, open_timeout=0.5, read_timeout=5, max_retries=1))
+
+
+def test_progress_does_not_reset_the_retry_budget_forever(server):
+    # 10 bytes per connection, then a drop, forever: each connection makes "progress", but too
+    # little to count; the transfer ends after max_retries + 1 connections.
+    url = server.add("/ten", DATA, drop_after=10)
+    with pytest.raises(SourceError, match="gave up after 3 retries") as info:
+        bounded(lambda: list(streamio.read_records(_http(url, max_retries=3), "tfrecord")))
+    assert "at byte 40 of" in str(info.value)
+    assert len(server.requests) == 4
+
+
+def test_real_progress_still_resets_the_budget(server):
+    # Drops after every ~1.5 MB: more drops than max_retries, each after real progress.
+    data = DATA * 150
+    cuts = [1_500_000] * 4
+    url = server.add("/flaky", data, drop_after=cuts)
+    assert b"".join(_read_all(_http(url, max_retries=2))) == data
+
+
+def _read_all(source):
+    buf = memoryview(bytearray(1 << 20))
+    while n := source.readinto(buf):
+        yield bytes(buf[:n])
+
+
+def test_total_resumes_are_capped(server):
+    url = server.add("/capped", DATA * 150, drop_after=[1_100_000] * 10)
+    with pytest.raises(SourceError, match="gave up after 2 resumes in all"):
+        list(_read_all(_http(url, max_total_retries=2)))
+
+
+# -- malformed answers are SourceErrors naming the URL ------------------------------------------
+@pytest.mark.parametrize("value", ["\u00b2", "-5", "12abc", "1_000", " "])
+def test_malformed_content_length(server, value):
+    url = server.add("/cl", DATA, content_length=value)
+    with pytest.raises(SourceError, match="malformed Content-Length") as info:
+        list(streamio.read_records(url, "tfrecord"))
+    assert url in str(info.value)
+
+
+def test_redirect_to_an_impossible_port(server):
+    url = server.add("/r", redirect="http://127.0.0.1:99999/x")
+    with pytest.raises(SourceError, match="malformed URL 'http://127.0.0.1:99999/x'") as info:
+        list(streamio.read_records(url, "tfrecord"))
+    assert url in str(info.value)
+
+
+@pytest.mark.parametrize("location,match", [
+    ("/loop", "more than 5 redirects"),
+    ("ftp://127.0.0.1/x", "unsupported URL scheme 'ftp'"),
+    ("http://:8080/x", "no host"),
+    ("http://127.0.0.1:abc/", "malformed URL"),
+    ("/caf\u00e9", "malformed URL"),
+])
+def test_bad_redirects(server, location, match):
+    url = server.add("/loop", redirect=location)
+    with pytest.raises(SourceError, match=match):
+        list(streamio.read_records(url, "tfrecord"))
+
+
+def test_connection_refused(server):
+    url = f"http://127.0.0.1:{closed_port()}/x"
+    with pytest.raises(SourceError, match="cannot connect.*gave up after 1 retries"):
+        _http(url, max_retries=1)
+
+
+def test_bad_chunk_size(server):
+    # http.client reports a chunk size that is not hex as an IncompleteRead: a failed attempt.
+    url = server.add("/chunk", DATA, chunked=True, bad_chunk=True)
+    with pytest.raises(SourceError, match="IncompleteRead.*gave up after 1 retries") as info:
+        list(streamio.read_records(_http(url, max_retries=1), "tfrecord"))
+    assert url in str(info.value)
+
+
+def test_chunked_body_reads(server):
+    url = server.add("/chunked", DATA, chunked=True, drip=(5000, 0))
+    assert list(streamio.read_records(url, "tfrecord")) == RECORDS
+
+
+def test_content_length_too_long_ends_in_a_source_error_after_every_record(server):
+    # The server keeps the connection open, waiting as we wait for the 100 bytes it promised:
+    # the stall timeout drops it, the resume at the end of the data gets 416.
+    url = server.add("/long", DATA, content_length=len(DATA) + 100)
+    got = []
+    with pytest.raises(SourceError, match="HTTP 416"):
+        for record in streamio.read_records(_http(url, read_timeout=0.5, max_retries=1),
+                                            "tfrecord"):
+            got.append(record)
+    assert got == RECORDS
+
+
+def test_content_length_too_short_is_a_truncation(server):
+    url = server.add("/short", DATA, content_length=len(DATA) - 10)
+    got = []
+    with pytest.raises(FormatError, match="truncat|ends"):
+        for record in streamio.read_records(url, "tfrecord"):
+            got.append(record)
+    assert got == RECORDS[:-1]
+
+
+def test_html_error_page(server):
+    url = server.add("/gone", status=404, body=b"<html><body><h1>Not\nFound</h1></body></html>")
+    with pytest.raises(SourceError, match="HTTP 404") as info:
+        list(streamio.read_records(url, "tfrecord"))
+    assert url in str(info.value)
+
+
+def test_html_instead_of_data_is_a_format_error_naming_the_url(server):
+    url = server.add("/portal", b"<html><body>Please log in to the Wi-Fi</body></html>" * 10)
+    with pytest.raises(FormatError) as info:
+        list(streamio.read_records(url, "tfrecord"))
+    assert url in str(info.value)
+
+
+def test_cli_prints_one_line_for_a_hostile_server(server):
+    url = server.add("/cl", DATA, content_length="\u00b2")
+    proc = subprocess.run([sys.executable, "-m", "streamio", "count", url, "--format", "tfrecord"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "malformed Content-Length" in proc.stderr
+    assert url in proc.stderr
+
+
+# -- never splice two versions -----------------------------------------------------------------
+@pytest.mark.parametrize("drops", [[3000, 7001], [3000, 1000]])  # the 2nd: a drop while re-reading
+def test_no_validator_resume_rereads_from_zero_and_verifies(server, drops):
+    url = server.add("/nv", DATA, etag=False, last_modified=False, drop_after=drops)
+    source = _http(url)
+    assert list(streamio.read_records(source, "tfrecord")) == RECORDS
+    assert source.retries == 2
+    assert all("Range" not in headers for _, headers in server.requests)
+
+
+def test_no_validator_object_changed_mid_transfer_is_refused(server):
+    url = server.add("/nv", versions=[DATA, OTHER], etag=False, last_modified=False,
+                     drop_after=[3000])
+    got = []
+    with pytest.raises(SourceError, match="object changed") as info:
+        for record in streamio.read_records(_http(url), "tfrecord"):
+            got.append(record)
+    assert url in str(info.value)
+    assert got == RECORDS[:len(got)]  # only the first version's records, none of the second
+
+
+def test_no_validator_object_changed_after_the_delivered_prefix_is_one_version(server):
+    # The new version starts with the bytes already delivered: reading on gives exactly it.
+    newer = DATA[:5000] + OTHER[5000:]
+    url = server.add("/nv", versions=[DATA, newer], etag=False, last_modified=False,
+                     drop_after=[3000])
+    assert b"".join(_read_all(_http(url))) == newer
+
+
+def test_weak_etag_is_no_validator(server):
+    url = server.add("/weak", versions=[DATA, OTHER], weak_etag=True, last_modified=False,
+                     drop_after=[3000])
+    with pytest.raises(SourceError, match="object changed"):
+        list(streamio.read_records(_http(url), "tfrecord"))
+
+
+@pytest.mark.parametrize("validators", [{"etag": True, "last_modified": False},
+                                        {"etag": False, "last_modified": True},
+                                        {"etag": True, "last_modified": True}])
+def test_with_a_validator_a_changed_object_is_refused(server, validators):
+    url = server.add("/v", versions=[DATA, OTHER], drop_after=[3000], **validators)
+    with pytest.raises(SourceError, match="object changed"):
+        list(streamio.read_records(_http(url), "tfrecord"))
+    assert "If-Range" in server.requests[1][1]
+
+
+@pytest.mark.parametrize("validators", [{"etag": True, "last_modified": False},
+                                        {"etag": False, "last_modified": True}])
+def test_200_instead_of_206_same_object_resumes_verified(server, validators):
+    url = server.add("/v", DATA, ranges=False, drop_after=[3000], **validators)
+    assert list(streamio.read_records(_http(url), "tfrecord")) == RECORDS
+
+
+def test_200_instead_of_206_changed_object_is_refused(server):
+    # Last-Modified only and the server ignores Range: the prefix is checked and differs.
+    url = server.add("/v", versions=[DATA, OTHER], ranges=False, etag=False, drop_after=[3000])
+    with pytest.raises(SourceError, match="object changed"):
+        list(streamio.read_records(_http(url), "tfrecord"))
+
+
+def test_every_failure_is_a_streamio_error(server):
+    # Whatever the server does, nothing but a StreamioError comes out.
+    cases = [dict(content_length="\u00b2"), dict(redirect="http://127.0.0.1:99999/"),
+             dict(bad_chunk=True, chunked=True), dict(status=500, body=b"<h1>oops</h1>"),
+             dict(drop_after=0), dict(redirect="/e0")]
+    for i, behaviour in enumerate(cases):
+        url = server.add(f"/e{i}", DATA, **behaviour)
+        with pytest.raises(StreamioError):
+            list(streamio.read_records(_http(url, max_retries=1), "tfrecord"))
