@@ -8,6 +8,9 @@ import numpy as np
 
 __all__ = ["SparseBatch"]
 
+#: The largest dimension a SparseBatch may have (int64, as torch and scipy index).
+MAX_DIM = 2 ** 63 - 1
+
 
 class SparseBatch:
     """A ``(rows, columns)`` batch in compressed sparse row (CSR) form.
@@ -26,6 +29,9 @@ class SparseBatch:
         indices = np.asarray(indices, dtype=np.int64)
         values = np.asarray(values)
         shape = (int(shape[0]), int(shape[1]))
+        # torch, scipy and numpy size tensors with int64: a wider shape cannot be converted.
+        if not (0 <= shape[0] <= MAX_DIM and 0 <= shape[1] <= MAX_DIM):
+            raise ValueError(f"shape {shape} must be two dimensions in [0, 2**63 - 1]")
         if indptr.ndim != 1 or len(indptr) != shape[0] + 1:
             raise ValueError(f"indptr must have rows + 1 = {shape[0] + 1} entries, not {indptr.shape}")
         if indices.shape != values.shape or indices.ndim != 1:
@@ -54,10 +60,14 @@ class SparseBatch:
         return self.shape[0]
 
     def to_dense(self) -> np.ndarray:
-        """The batch as a dense ``(rows, columns)`` array (absent entries are 0)."""
+        """The batch as a dense ``(rows, columns)`` array (absent entries are 0).
+
+        Entries given twice for one (row, column) are summed, as ``scipy.sparse`` and torch do.
+        """
         dense = np.zeros(self.shape, dtype=self.values.dtype)
         rows = np.repeat(np.arange(self.shape[0]), np.diff(self.indptr))
-        dense[rows, self.indices] = self.values
+        # Plain assignment would keep the last duplicate; add.at accumulates every one.
+        np.add.at(dense, (rows, self.indices), self.values)
         return dense
 
     def row_lengths(self) -> np.ndarray:
