@@ -439,6 +439,9 @@ def _check_names(value: Any, what: str) -> Optional[Dict[str, Optional[Union[Fix
             raise TypeError(f"{what} keys must be str, not {key!r}")
         if spec is not None and not isinstance(spec, (FixedLen, VarLen)):
             raise TypeError(f"{what}[{key!r}] must be FixedLen, VarLen or None, not {spec!r}")
+        if isinstance(spec, FixedLen) and spec.allow_missing:
+            raise ValueError(f"{what}[{key!r}]: allow_missing is for SequenceExample sequence"
+                             " features; a RecordIO-protobuf tensor is always required")
         out[key] = spec
     return out
 
