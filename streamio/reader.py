@@ -11,11 +11,11 @@ import os
 import sys
 import time
 import weakref
-import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
 
-from .codecs import check_compression, describe_head, infer_compression, make_codec
+from .codecs import (check_compression, describe_head, infer_compression, make_codec,
+                     make_compressor)
 from .errors import DecodeError, FormatError, SourceError, UsageError
 from .formats import DEFAULT_MAX_RECORD_SIZE, encode_recordio, encode_tfrecord, make_framer
 from .formats.recordio import MULTIPART_CHOICES
@@ -263,7 +263,8 @@ def write_records(dest: Any, format: str, records: Iterable[bytes], *,
     ``format``: ``"tfrecord"`` (readable by TensorFlow, with both CRCs) or ``"recordio"`` (the
     dmlc way: payloads holding the magic number at an aligned offset are split so they
     round-trip; ``multipart="concat"`` writes every payload as one whole frame, as the SageMaker
-    SDK does). ``compression``: None, ``"gzip"``, ``"zlib"`` or ``"infer"`` (from the name).
+    SDK does). ``compression``: None, ``"gzip"``, ``"zlib"``, ``"zstd"`` or ``"infer"`` (from the
+    name).
     """
     try:
         encode = _ENCODERS[format]
@@ -283,9 +284,7 @@ def write_records(dest: Any, format: str, records: Iterable[bytes], *,
             f = sys.stdout.buffer if name == "-" else open(name, "wb")
         else:
             f = dest
-        compressor = None
-        if compression:
-            compressor = zlib.compressobj(6, zlib.DEFLATED, 31 if compression == "gzip" else 15)
+        compressor = make_compressor(compression) if compression else None
         pending: list = []
         size = 0
         for record in records:

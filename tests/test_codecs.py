@@ -189,3 +189,152 @@ def test_no_hint_once_records_were_delivered_or_when_the_bytes_look_right():
     with pytest.raises(CorruptRecordError) as info:
         list(streamio.read_records(bytes(bad), "tfrecord"))
     assert "looks like" not in str(info.value) and info.value.record_index == 0
+
+
+# --- faster inflaters give zlib's bytes (issue 14, item 3) ------------------------------------------
+
+from streamio.codecs import _inflate  # noqa: E402
+from streamio.errors import MissingDependencyError  # noqa: E402
+
+
+def need_backend(name):
+    """The inflate module, or a skip: optional for users; CI installs streamio[dev] (all of them)."""
+    try:
+        return _inflate.backend(name)
+    except MissingDependencyError:
+        pytest.skip(f"{name} is not installed")
+
+
+def need_zstd():
+    from streamio.codecs.zstd import zstd_module
+    try:
+        return zstd_module()
+    except MissingDependencyError:
+        pytest.skip("backports.zstd is not installed")
+
+
+@pytest.mark.parametrize("name", ["isal", "zlib-ng"])
+def test_fast_inflater_gives_zlibs_bytes_for_any_split(name):
+    fast = need_backend(name)
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.integers(0, 10 ** 6), max_size=8), st.integers(0, 700),
+           st.sampled_from(["gzip", "zlib"]), st.integers(0, 9))
+    def check(cuts, padding, kind, level):
+        compress = (lambda d: gzip.compress(d, level)) if kind == "gzip" else (
+            lambda d: zlib.compress(d, level))
+        data = compress(PLAIN[:7000]) + b"\0" * padding + compress(PLAIN[7000:])
+        cuts = [c % (len(data) + 1) for c in cuts]
+        want = decode_in_pieces(ZlibCodec(kind, source="s", backend=zlib), data, cuts)
+        assert want == PLAIN
+        assert decode_in_pieces(ZlibCodec(kind, source="s", backend=fast), data, cuts) == want
+
+    check()
+
+
+@pytest.mark.parametrize("name", ["isal", "zlib-ng", "zlib"])
+def test_every_inflater_reads_gzip_cli_headers_and_reports_damage_alike(tmp_path, name):
+    module = need_backend(name)
+    src = tmp_path / "shard.tfrecord"
+    src.write_bytes(PLAIN)
+    if shutil.which("gzip"):  # a header with the file name and mtime in it (FNAME flag)
+        subprocess.run(["gzip", "-k", str(src)], check=True)
+        data = (tmp_path / "shard.tfrecord.gz").read_bytes()
+    else:
+        data = gzip.compress(PLAIN)
+    assert decode_in_pieces(ZlibCodec("gzip", source="s", backend=module), data, [1, 2, 9]) == PLAIN
+    bad = bytearray(data)
+    bad[len(bad) // 2] ^= 0xFF
+    with pytest.raises(FormatError) as info:  # CorruptRecordError, or a CRC-level error
+        decode_in_pieces(ZlibCodec("gzip", source="s", backend=module), bytes(bad), [])
+    assert info.value.source == "s"
+
+
+def test_the_fastest_installed_inflater_is_the_default():
+    assert _inflate.available()[-1] == "zlib"
+    first = _inflate.available()[0]
+    assert _inflate.backend_name(_inflate.default_backend()) == first
+    if "isal" in _inflate.available():
+        assert first == "isal"  # the fastest, measured by benchmarks/inflate.py
+    with pytest.raises(ValueError):
+        _inflate.backend("lz4")
+
+
+# --- zstd (issue 14, item 3) ---------------------------------------------------------------------------
+
+zstd_cli = pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd program")
+
+
+def write_zst(path, records):
+    need_zstd()
+    streamio.write_records(str(path), "tfrecord", records, compression="infer")
+    return path
+
+
+@zstd_cli
+def test_zstd_written_by_streamio_reads_back_and_zstd_agrees(tmp_path):
+    a = write_zst(tmp_path / "a.tfrecord.zst", RECORDS[:120])
+    b = write_zst(tmp_path / "b.tfrecord.zst", RECORDS[120:])
+    both = tmp_path / "ab.tfrecord.zst"  # cat a.zst b.zst: two frames
+    both.write_bytes(a.read_bytes() + b.read_bytes())
+    done = subprocess.run(["zstd", "-dc", str(both)], stdout=subprocess.PIPE, check=True)
+    assert done.stdout == PLAIN  # the reference decoder reads our frames
+    assert list(streamio.read_records(str(both), "tfrecord")) == RECORDS
+    assert list(streamio.read_records(both.read_bytes(), "tfrecord", compression="zstd")) == RECORDS
+
+
+@zstd_cli
+def test_zstd_cli_output_from_a_fifo_sniffed_by_magic(tmp_path, fifo):
+    need_zstd()
+    src = tmp_path / "plain.tfrecord"
+    src.write_bytes(PLAIN)
+    one = subprocess.run(["zstd", "-c", "-19", str(src)], stdout=subprocess.PIPE, check=True).stdout
+    assert one[:4] == b"\x28\xb5\x2f\xfd"
+    path = fifo.make(one + one, 1, 5, 4099, name="zpipe")  # no suffix: sniffed from 28 b5 2f fd
+    assert list(streamio.read_records(path, "tfrecord")) == RECORDS * 2
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, 10 ** 6), max_size=6))
+def test_zstd_frames_decode_the_same_for_any_split(cuts):
+    from streamio.codecs.zstd import ZstdCodec
+
+    zstd = need_zstd()
+    data = zstd.compress(PLAIN[:3000]) + zstd.compress(PLAIN[3000:], 9)
+    cuts = [c % (len(data) + 1) for c in cuts]
+    assert decode_in_pieces(ZstdCodec(source="s"), data, cuts) == PLAIN
+    assert zstd.decompress(data) == PLAIN  # the library's one-shot reader agrees
+
+
+def test_zstd_damage_truncation_and_bombs():
+    from streamio.codecs.deflate import MAX_PIECE
+    from streamio.codecs.zstd import ZstdCodec
+
+    zstd = need_zstd()
+    data = zstd.compress(PLAIN)
+    with pytest.raises(TruncatedStreamError):
+        list(streamio.read_records(data[:-7], "tfrecord", compression="zstd"))
+    with pytest.raises(CorruptRecordError, match="zstd stream"):
+        list(streamio.read_records(data + b"junk-after-the-frame", "tfrecord", compression="zstd"))
+    # 256 MiB of zeros in a few KiB: handed out in bounded pieces, never all at once.
+    comp = zstd.ZstdCompressor()
+    zeros = bytes(1 << 20)
+    bomb = b"".join(comp.compress(zeros) for _ in range(256)) + comp.flush()
+    assert len(bomb) < 64 * 1024
+    codec = ZstdCodec(source="bomb")
+    total = 0
+    for piece in codec.decode(bomb):
+        assert len(piece) <= MAX_PIECE
+        total += len(piece)
+    list(codec.finish())
+    assert total == 256 << 20
+
+
+def test_zstd_missing_says_which_pip_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "compression", None)
+    monkeypatch.setitem(sys.modules, "backports.zstd", None)
+    monkeypatch.setitem(sys.modules, "backports", None)
+    with pytest.raises(MissingDependencyError, match=r"streamio\[zstd\]"):
+        list(streamio.read_records(b"\x28\xb5\x2f\xfd" + bytes(20), "tfrecord"))

@@ -5,6 +5,8 @@ in pieces of at most ``MAX_PIECE`` bytes, so a small compressed chunk that infla
 (a "zip bomb") never materialises at once: the framer's ``max_record_size`` bounds what is kept.
 
 - :mod:`.deflate`: gzip and zlib (several members/streams in a row, zero padding after them);
+- :mod:`.zstd`: Zstandard (optional: ``pip install 'streamio[zstd]'``), frames in a row;
+- :mod:`._inflate`: a faster inflater (ISA-L, zlib-ng) when installed, zlib otherwise;
 - :mod:`.sniff`: ``compression="infer"`` for a name that says nothing (look at the first bytes),
   and :func:`describe_head`, which says what a stream's first bytes look like.
 """
@@ -15,14 +17,17 @@ from typing import Any, Literal, Optional
 
 from .deflate import MAX_PIECE, ZlibCodec
 from .sniff import SniffingCodec, describe_head
+from .zstd import ZstdCodec
 
-Compression = Optional[Literal["gzip", "zlib", "infer"]]
-COMPRESSION_CHOICES = (None, "gzip", "zlib", "infer")
-_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zz": "zlib", ".zlib": "zlib"}
+Compression = Optional[Literal["gzip", "zlib", "zstd", "infer"]]
+COMPRESSION_CHOICES = (None, "gzip", "zlib", "zstd", "infer")
+_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zz": "zlib", ".zlib": "zlib", ".zst": "zstd",
+             ".zstd": "zstd"}
 
 
 def infer_compression(name: Optional[str]) -> Optional[str]:
-    """The compression implied by a source name's suffix (``.gz``, ``.zz``/``.zlib``), if any."""
+    """The compression implied by a source name's suffix (``.gz``, ``.zz``/``.zlib``, ``.zst``),
+    if any."""
     if not name:
         return None
     base = name.split("?", 1)[0].lower()
@@ -38,7 +43,19 @@ def check_compression(compression: Any) -> None:
 
 
 def _named_codec(kind: str, source: str) -> Any:
+    if kind == "zstd":
+        return ZstdCodec(source=source)
     return ZlibCodec(kind, source=source)
+
+
+def make_compressor(kind: str) -> Any:
+    """An object with ``compress(data) -> bytes`` and ``flush() -> bytes`` writing ``kind``."""
+    check_compression(kind)
+    if kind == "zstd":
+        from .zstd import zstd_compressor
+        return zstd_compressor()
+    import zlib
+    return zlib.compressobj(6, zlib.DEFLATED, 31 if kind == "gzip" else 15)
 
 
 def make_codec(compression: Compression, name: Optional[str]) -> Optional[Any]:
@@ -57,5 +74,6 @@ def make_codec(compression: Compression, name: Optional[str]) -> Optional[Any]:
     return None
 
 
-__all__ = ["COMPRESSION_CHOICES", "MAX_PIECE", "SniffingCodec", "ZlibCodec", "check_compression",
-           "describe_head", "infer_compression", "make_codec"]
+__all__ = ["COMPRESSION_CHOICES", "MAX_PIECE", "SniffingCodec", "ZlibCodec", "ZstdCodec",
+           "check_compression", "describe_head", "infer_compression", "make_codec",
+           "make_compressor"]
