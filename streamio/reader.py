@@ -217,8 +217,8 @@ def _with_hint(exc: FormatError, framer: Any, head: bytes, format: str, codec: A
     if (type(exc) is DecodeError or framer.records or framer.skipped_records
             or exc.record_index not in (0, None) or exc.offset not in (0, None)):
         return exc
-    compression = getattr(codec, "kind", None)
-    hint = describe_head(head, format=format, compression=compression)
+    # ``head`` is what the framer saw: after the codec, if one decompressed the stream.
+    hint = describe_head(head, format=format, decompressed=getattr(codec, "kind", None) is not None)
     if not hint:
         return exc
     return type(exc)(f"{exc.reason}; {hint}", source=exc.source, offset=exc.offset,

@@ -338,3 +338,12 @@ def test_zstd_missing_says_which_pip_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "backports", None)
     with pytest.raises(MissingDependencyError, match=r"streamio\[zstd\]"):
         list(streamio.read_records(b"\x28\xb5\x2f\xfd" + bytes(20), "tfrecord"))
+
+
+def test_hint_after_decompression_describes_the_records_only():
+    # A gzip-compressed CSV read as TFRecord: the gzip part was right, the format was not.
+    data = gzip.compress(b"a,b,c\n1,2,3\n" * 50)
+    with pytest.raises(FormatError) as info:
+        list(streamio.read_records(data, "tfrecord"))
+    assert "looks like text: pass format='csv'" in str(info.value)
+    assert "compress" not in str(info.value)

@@ -40,12 +40,17 @@ def _looks_like_tfrecord(head: bytes) -> bool:
 
 
 def describe_head(head: bytes, *, format: Optional[str] = None,
-                  compression: Optional[str] = None) -> Optional[str]:
+                  compression: Optional[str] = None, decompressed: bool = False) -> Optional[str]:
     """A hint saying what ``head`` (the first bytes a layer saw) looks like, when that differs
     from what the caller assumed (``format`` of the records, ``compression`` of the stream);
-    None when the bytes look like nothing in particular or like what was assumed."""
+    None when the bytes look like nothing in particular or like what was assumed.
+
+    ``decompressed``: ``head`` came out of a codec, so only the records' format is described.
+    """
     head = bytes(head)
-    if head[:2] == GZIP_MAGIC:
+    if decompressed:
+        seen = None
+    elif head[:2] == GZIP_MAGIC:
         seen = "gzip"
     elif head[:4] == ZSTD_MAGIC:
         seen = "zstd"
