@@ -8,7 +8,7 @@
 
 side by side in one run; each figure is the median of ``--runs``. MB/s are decompressed bytes.
 
-    python benchmarks/inflate.py [--size-mb 200] [--runs 3] [--dir /tmp/streamio-inflate]
+    python benchmarks/inflate.py [--size-mb 100] [--runs 3] [--dir /tmp/streamio-inflate]
 """
 
 from __future__ import annotations
@@ -65,6 +65,20 @@ def streamio_from_fifo(path: str, backend: str, directory: str) -> tuple[float, 
     return elapsed, n
 
 
+def inflate_only(data: bytes, backend: str) -> float:
+    """The codec alone, in memory (1 MiB chunks): no pipe, no framing, no CRCs."""
+    from streamio.codecs.deflate import ZlibCodec
+    codec = ZlibCodec("gzip", source="bench", backend=_inflate.backend(backend))
+    view = memoryview(data)
+    t0 = time.perf_counter()
+    for i in range(0, len(data), 1 << 20):
+        for _ in codec.decode(view[i:i + (1 << 20)]):
+            pass
+    for _ in codec.finish():
+        pass
+    return time.perf_counter() - t0
+
+
 def gzip_cli(path: str) -> float:
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as null:
@@ -98,7 +112,7 @@ def tf_data(path: str, runs: int) -> tuple[list, int]:
 
 def main(argv: list) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mb", type=int, default=200)
+    parser.add_argument("--size-mb", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "streamio-inflate"))
     parser.add_argument("--no-tf", action="store_true", help="skip tf.data")
@@ -107,26 +121,37 @@ def main(argv: list) -> int:
     path, nrec, raw = make_file(args.dir, args.size_mb)
     print(f"{path}: {raw / 1e6:.0f} MB decompressed, {os.path.getsize(path) / 1e6:.0f} MB gzip,"
           f" {nrec} records; median of {args.runs}")
-    rows = []
+    with open(path, "rb") as f:
+        data = f.read()
+    # Round-robin (every method once per round, median over rounds), so that a busy machine's
+    # load drifts over all methods alike instead of favouring whichever ran in a quiet moment.
+    methods = []
     for backend in _inflate.available():
-        times = []
-        for _ in range(args.runs):
+        def fifo_run(backend=backend):
             elapsed, n = streamio_from_fifo(path, backend, args.dir)
             assert n == nrec, (backend, n, nrec)
-            times.append(elapsed)
-        rows.append((f"streamio, FIFO, {backend}", statistics.median(times)))
+            return elapsed
+        methods.append((f"streamio, FIFO, {backend}", fifo_run))
+    for backend in _inflate.available():
+        methods.append((f"inflate only (memory), {backend}",
+                        lambda backend=backend: inflate_only(data, backend)))
     if shutil.which("gzip"):
-        rows.append(("gzip -dc > /dev/null (file)", statistics.median(
-            gzip_cli(path) for _ in range(args.runs))))
+        methods.append(("gzip -dc > /dev/null (file)", lambda: gzip_cli(path)))
+    times = {name: [] for name, _ in methods}
+    for _ in range(args.runs):
+        for name, run in methods:
+            times[name].append(run())
+    del data
+    rows = [(name, statistics.median(times[name])) for name, _ in methods]
     tf_time = None
     if not args.no_tf:
         try:
-            times, n = tf_data(path, args.runs)
+            tf_times, n = tf_data(path, args.runs)
         except (subprocess.CalledProcessError, FileNotFoundError) as exc:
             print(f"tf.data skipped: {exc}")
         else:
             assert n == nrec, ("tf.data", n, nrec)
-            tf_time = statistics.median(times)
+            tf_time = statistics.median(tf_times)
             rows.append(("tf.data TFRecordDataset GZIP (file)", tf_time))
     zlib_time = dict(rows)["streamio, FIFO, zlib"]
     print(f"{'reader':40} {'s':>7} {'MB/s':>7} {'x zlib':>7} {'x tf.data':>9}")
