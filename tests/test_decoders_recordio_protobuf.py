@@ -583,3 +583,16 @@ def test_label_only_records_as_linear_learner_and_kmeans_write_them(tmp_path):
     assert RecordIOProtobuf(label=["score"]).decode_batch(linear[:1])["label_score"].tolist() == [[0.0]]
     with pytest.raises(DecodeError, match="no features and no label"):
         RecordIOProtobuf().decode_batch([_field(3, b"uid-only")])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 5), st.integers(-50, 50)), max_size=8),
+                min_size=1, max_size=6))
+def test_to_dense_equals_scipy_for_any_order_and_duplicates(rows):
+    scipy_sparse = pytest.importorskip("scipy.sparse")
+    indptr = np.concatenate(([0], np.cumsum([len(r) for r in rows])))
+    cols = np.array([c for r in rows for c, _ in r], dtype=np.int64)
+    vals = np.array([v for r in rows for _, v in r], dtype=np.float32)
+    batch = SparseBatch(indptr, cols, vals, (len(rows), 6))
+    csr = scipy_sparse.csr_matrix((vals, cols, indptr), shape=(len(rows), 6))
+    np.testing.assert_array_equal(batch.to_dense(), csr.toarray())
