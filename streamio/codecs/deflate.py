@@ -9,8 +9,7 @@ member and raise :class:`~streamio.errors.CorruptRecordError` naming their compr
 
 from __future__ import annotations
 
-import zlib
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Union
 
 from ..errors import CorruptRecordError, TruncatedStreamError
 
