@@ -248,6 +248,11 @@ def test_every_inflater_reads_gzip_cli_headers_and_reports_damage_alike(tmp_path
     with pytest.raises(FormatError) as info:  # CorruptRecordError, or a CRC-level error
         decode_in_pieces(ZlibCodec("gzip", source="s", backend=module), bytes(bad), [])
     assert info.value.source == "s"
+    for at in (-8, -2):  # the trailer's CRC-32 and ISIZE are checked by every backend
+        bad = bytearray(data)
+        bad[at] ^= 1
+        with pytest.raises(CorruptRecordError):
+            decode_in_pieces(ZlibCodec("gzip", source="s", backend=module), bytes(bad), [])
 
 
 def test_the_fastest_installed_inflater_is_the_default():
