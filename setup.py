@@ -44,9 +44,16 @@ setup(
                "tensorflow>=2.12; platform_machine!='x86_64'"],
         "s3": ["smart-open[s3]>=6"],
         "gcs": ["smart-open[gcs]>=6"],
-        "bench": ["pandas", "tfrecord"],
+        # ISA-L inflates gzip/zlib ~2x faster than zlib here (benchmarks/inflate.py); used
+        # automatically when installed, zlib otherwise.
+        "fast-inflate": ["isal>=1.6"],
+        # Zstandard: the stdlib's compression.zstd from 3.14, its backport before (bounded
+        # decompress(max_length), which the zstandard package lacks).
+        "zstd": ["backports.zstd>=1.0; python_version<'3.14'"],
+        "bench": ["pandas", "tfrecord", "isal>=1.6", "zlib-ng>=0.5"],
         "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
-                "moto[server]>=5"],
+                "moto[server]>=5", "isal>=1.6", "zlib-ng>=0.5",
+                "backports.zstd>=1.0; python_version<'3.14'"],
     },
     entry_points={"console_scripts": ["streamio=streamio.cli:main"]},
 )

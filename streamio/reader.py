@@ -15,12 +15,12 @@ import stat
 import sys
 import time
 import weakref
-import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
 
-from .codecs import check_compression, infer_compression, make_codec
-from .errors import SourceError, UsageError, UsageTypeError
+from .codecs import (check_compression, describe_head, infer_compression, make_codec,
+                     make_compressor)
+from .errors import DecodeError, FormatError, SourceError, UsageError, UsageTypeError
 from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_tfrecord,
                       make_framer)
 from .formats.recordio import MULTIPART_CHOICES
@@ -209,28 +209,38 @@ class RecordReader:
         self.source_name = name
         try:
             framer = make_framer(self.format, source=name, **self._framer_options)
-            compression = self.compression
-            if compression == "infer":
-                compression = infer_compression(name)
-            codec = make_codec(compression, name) if compression else None
+            # "infer": by the name's suffix, else by the first bytes (a sniffing codec).
+            codec = make_codec(self.compression, name)
         except BaseException:
             self.close()
             raise
+        head = bytearray()  # the first bytes the framer saw, to say what they look like
+        framing = False  # a FormatError while True came from the framer, else from the codec
         try:
             feed = framer.feed
             # The framer sees one stream of pieces, whether they came straight from the source
             # or out of the codec (its tail included); finish() then ends the stream.
             for piece in self._pieces(src, codec):
+                if len(head) < _HEAD_BYTES:
+                    head += piece[:_HEAD_BYTES - len(head)]
+                framing = True
                 records = feed(piece)
+                framing = False
                 stats.skipped_records = framer.skipped_records
                 stats.skipped_bytes = framer.skipped_bytes
                 if records:
                     stats.records += len(records)
                     yield records
+            framing = True
             records = framer.finish()
             if records:
                 stats.records += len(records)
                 yield records
+        except FormatError as exc:
+            hinted = _with_hint(exc, framer, bytes(head), self.format, codec) if framing else exc
+            if hinted is exc:
+                raise
+            raise hinted from exc
         finally:
             stats.skipped_records = framer.skipped_records
             stats.skipped_bytes = framer.skipped_bytes
@@ -280,6 +290,25 @@ class RecordReader:
         self.close()
 
 
+#: Bytes kept from the start of the stream: enough for every magic number and a TFRecord header.
+_HEAD_BYTES = 16
+
+
+def _with_hint(exc: FormatError, framer: Any, head: bytes, format: str, codec: Any) -> FormatError:
+    """``exc``, or, when the very first record failed to frame, the same error that also says what
+    the bytes look like ("... looks like gzip-compressed data: pass compression='gzip'"): a wrong
+    format or compression otherwise shows as a bare CRC or magic mismatch at byte offset 0."""
+    if (type(exc) is DecodeError or framer.records or framer.skipped_records
+            or exc.record_index not in (0, None) or exc.offset not in (0, None)):
+        return exc
+    # ``head`` is what the framer saw: after the codec, if one decompressed the stream.
+    hint = describe_head(head, format=format, decompressed=getattr(codec, "kind", None) is not None)
+    if not hint:
+        return exc
+    return type(exc)(f"{exc.reason}; {hint}", source=exc.source, offset=exc.offset,
+                     record_index=exc.record_index)
+
+
 def read_records(source: Any, format: str, *, compression: Optional[str] = "infer",
                  verify: bool = True, on_error: str = "raise", multipart: str = "dmlc",
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
@@ -322,7 +351,8 @@ def write_records(dest: Any, format: str, records: Iterable[bytes], *,
     ``format``: ``"tfrecord"`` (readable by TensorFlow, with both CRCs) or ``"recordio"`` (the
     dmlc way: payloads holding the magic number at an aligned offset are split so they
     round-trip; ``multipart="concat"`` writes every payload as one whole frame, as the SageMaker
-    SDK does). ``compression``: None, ``"gzip"``, ``"zlib"`` or ``"infer"`` (from the name).
+    SDK does). ``compression``: None, ``"gzip"``, ``"zlib"``, ``"zstd"`` or ``"infer"`` (from the
+    name).
     """
     try:
         encode = _ENCODERS[format]
@@ -342,9 +372,7 @@ def write_records(dest: Any, format: str, records: Iterable[bytes], *,
             f = sys.stdout.buffer if name == "-" else open(name, "wb")
         else:
             f = dest
-        compressor = None
-        if compression:
-            compressor = zlib.compressobj(6, zlib.DEFLATED, 31 if compression == "gzip" else 15)
+        compressor = make_compressor(compression) if compression else None
         pending: list = []
         size = 0
         for record in records:

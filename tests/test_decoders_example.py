@@ -63,9 +63,10 @@ def tfrecords(path) -> list:
     return list(streamio.read_records(str(path), "tfrecord"))
 
 
-def _spec(entries: dict) -> dict:
-    return {name: FixedLen(s["shape"], s["dtype"], s["default"]) if s["kind"] == "fixed" else VarLen(s["dtype"])
-            for name, s in entries.items()}
+def _spec(entries: dict, sequence: bool = False) -> dict:
+    # The fixture's sequence features were parsed by TF with allow_missing=True (make_examples.py).
+    return {name: FixedLen(s["shape"], s["dtype"], s["default"], allow_missing=sequence)
+            if s["kind"] == "fixed" else VarLen(s["dtype"]) for name, s in entries.items()}
 
 
 def _expected(entry: dict) -> np.ndarray:
@@ -102,7 +103,7 @@ def test_examples_written_by_tensorflow_decode_as_tensorflow_parses_them():
 def test_sequence_examples_written_by_tensorflow_decode_as_tensorflow_parses_them():
     doc = json.loads((EXAMPLES / "sequence_examples.json").read_text())
     records = tfrecords(EXAMPLES / "sequence_examples.tfrecord")
-    decoder = SequenceExample(_spec(doc["context"]), _spec(doc["sequence"]))
+    decoder = SequenceExample(_spec(doc["context"]), _spec(doc["sequence"], sequence=True))
     got = decoder.decode_batch(records)
     assert_batches_equal(got, {name: _expected(entry) for name, entry in doc["expected"].items()})
     assert set(decoder.output_spec()) == set(got)
@@ -518,3 +519,101 @@ def test_encode_example_round_trips_every_feature_kind():
     assert batch["b"].tolist() == [[b"x", b"y"], [b"z", b""]]
     np.testing.assert_array_equal(batch["b_len"], [2, 1])
     np.testing.assert_array_equal(batch["s"], [7, 1])
+
+
+# --- an absent FixedLen feature list is required, as in TF (issue 15, item 4) -------------------------
+
+def _seq_record(lists):
+    """A SequenceExample with the given ``{name: [step values]}`` feature lists (float steps)."""
+    entries = b"".join(_len_field(1, _len_field(1, name) + _len_field(2, b"".join(
+        _len_field(1, encode_feature(2, step)) for step in steps))) for name, steps in lists.items())
+    return _len_field(2, entries)
+
+
+def test_absent_fixedlen_feature_list_is_required_unless_allow_missing():
+    records = [_seq_record({b"s": [[1.0], [2.0]], b"v": [[1.0]]}), _seq_record({b"v": []}),
+               _seq_record({b"s": [], b"v": [[3.0]]})]
+    strict = SequenceExample({}, {"s": FixedLen((), "float32"), "v": VarLen("float32")})
+    with pytest.raises(DecodeError, match="feature list 's' is required") as info:
+        strict.decode_batch(records, source="seq", first_index=7)
+    assert (info.value.source, info.value.record_index, info.value.field) == ("seq", 8, "s")
+    # Present but empty is 0 steps, and an absent VarLen list is 0 steps too (as in TF).
+    out = strict.decode_batch([records[0], records[2], _seq_record({b"s": [[4.0]]})])
+    assert out["s_len"].tolist() == [2, 0, 1] and out["v_len"].tolist() == [1, 1, 0]
+    lenient = SequenceExample({}, {"s": FixedLen((), "float32", -1.0, allow_missing=True)})
+    out = lenient.decode_batch(records)
+    assert out["s_len"].tolist() == [2, 0, 0]
+    assert out["s"].tolist() == [[1.0, 2.0], [-1.0, -1.0], [-1.0, -1.0]]
+
+
+def test_allow_missing_is_kept_by_pickle_and_refused_outside_sequences():
+    import pickle
+
+    spec = FixedLen([2], "float32", 0.5, allow_missing=True)
+    assert pickle.loads(pickle.dumps(spec)) == spec and "allow_missing=True" in repr(spec)
+    assert spec != FixedLen([2], "float32", 0.5)
+    with pytest.raises(ValueError, match="allow_missing is for SequenceExample sequence"):
+        Example({"x": spec})
+    with pytest.raises(ValueError, match="allow_missing"):
+        SequenceExample({"x": spec}, {})
+    with pytest.raises(ValueError, match="allow_missing"):
+        streamio.decoders.RecordIOProtobuf(features={"x": spec})
+    with pytest.raises(TypeError):
+        FixedLen([2], "float32", allow_missing="yes")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs TensorFlow")
+def test_absent_feature_list_agrees_with_tf_parse_sequence_example():
+    # TensorFlow runs in its own process (see test_random_examples_decode_as_tensorflow_parses_them).
+    script = textwrap.dedent("""
+        import numpy as np
+        import tensorflow as tf
+        from streamio.decoders import FixedLen, SequenceExample, VarLen
+        from streamio.errors import DecodeError
+
+        def record(lists):
+            seq = tf.train.SequenceExample()
+            seq.context.feature["c"].int64_list.value.append(1)
+            for name, steps in lists.items():
+                fl = seq.feature_lists.feature_list[name]
+                for step in steps:
+                    fl.feature.add().float_list.value.extend(step)
+            return seq.SerializeToString()
+
+        records = [record({"s": [[1.0, 2.0]], "v": [[1.0]]}), record({"v": [[2.0, 3.0]]}),
+                   record({"s": [], "v": []})]
+        context = {"c": tf.io.FixedLenFeature([], tf.int64)}
+        for allow in (False, True):
+            tf_seq = {"s": tf.io.FixedLenSequenceFeature([2], tf.float32, allow_missing=allow),
+                      "v": tf.io.VarLenFeature(tf.float32)}
+            ours = SequenceExample({"c": FixedLen((), "int64")},
+                                   {"s": FixedLen([2], "float32", allow_missing=allow),
+                                    "v": VarLen("float32")})
+            try:
+                _, want, lengths = tf.io.parse_sequence_example(records, context, tf_seq)
+            except tf.errors.InvalidArgumentError as exc:
+                assert not allow and "is required" in str(exc), exc
+                try:
+                    ours.decode_batch(records)
+                except DecodeError as err:
+                    assert "is required" in str(err) and err.record_index == 1, err
+                    print("both refuse")
+                else:
+                    raise AssertionError("TF refused, streamio did not")
+                # TF reads the two records that have the list (or an empty one) alike.
+                _, want, lengths = tf.io.parse_sequence_example([records[0], records[2]],
+                                                                context, tf_seq)
+                got = ours.decode_batch([records[0], records[2]])
+            else:
+                assert allow
+                got = ours.decode_batch(records)
+                print("both read")
+            np.testing.assert_array_equal(got["s"], want["s"].numpy())
+            np.testing.assert_array_equal(got["s_len"], lengths["s"].numpy())
+            dense = tf.sparse.to_dense(want["v"]).numpy()
+            np.testing.assert_array_equal(got["v"][:, :dense.shape[1], :dense.shape[2]], dense)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300, cwd=str(ROOT))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["both", "refuse", "both", "read"]

@@ -368,3 +368,232 @@ def test_bad_keys_name_their_own_record_not_an_earlier_negative_float(accelerate
     with pytest.raises(errors.DecodeError) as info:
         RecordIOProtobuf().decode_batch([good, bad], source="s", first_index=10)
     assert info.value.record_index == 11 and info.value.field == "values"
+
+
+# --- hostile shapes and keys (issue 10, finding 5) ---------------------------------------------------
+
+def _field(number, payload):
+    return _uvarint(number << 3 | 2) + _uvarint(len(payload)) + payload
+
+
+def _uvarint(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _uvarints(numbers):
+    return b"".join(map(_uvarint, numbers))
+
+
+def hand_record(values=None, keys=None, shape=None, key=b"values", section=1, kind=2):
+    """One ``Record`` with a float32 (kind 2) tensor, written field by field so that any uint64
+    shape or key can be put on the wire, as a hostile or broken writer could."""
+    body = b""
+    if values is not None:
+        body += _field(1, np.asarray(values, "<f4").tobytes())
+    if keys is not None:
+        body += _field(2, _uvarints(keys))
+    if shape is not None:
+        body += _field(3, _uvarints(shape))
+    return _field(section, _field(1, key) + _field(2, _field(kind, body)))
+
+
+GOOD_SPARSE = hand_record([1.0], [3], [10])
+HOSTILE = {
+    "dims whose product overflows int64": hand_record([1.0], [0], [2 ** 40, 2 ** 40]),
+    "dims whose product overflows uint64": hand_record([1.0], [0], [2 ** 63 - 1, 4]),
+    "a negative dimension (int64 -5 on the wire)": hand_record([1.0], [0], [2 ** 64 - 5]),
+    "a dimension of 2**63": hand_record([1.0], [0], [2 ** 63]),
+    "a key of 2**63": hand_record([1.0], [2 ** 63], [10]),
+    "a key of 2**64 - 1": hand_record([1.0], [2 ** 64 - 1], [10]),
+    "a key beyond the declared shape": hand_record([1.0], [10], [10]),
+    "a key in a zero-width shape": hand_record([1.0], [0], [0]),
+    "more values than keys": hand_record([1.0, 2.0], [1], [10]),
+    "more keys than values": hand_record([1.0], [1, 2], [10]),
+    "keys but no shape": hand_record([1.0], [1]),
+    "a dense tensor whose shape disagrees with its values": hand_record([1.0, 2.0], None, [3]),
+}
+
+
+@pytest.mark.parametrize("accelerate", [True, False], ids=["c", "python"])
+# A later row may leave out the shape (the first record's holds), so "keys but no shape" is
+# only nonsense in the first record.
+@pytest.mark.parametrize("case,position", [(case, position) for case in sorted(HOSTILE)
+                                           for position in ("first", "later")
+                                           if (case, position) != ("keys but no shape", "later")])
+def test_hostile_shapes_and_keys_raise_decode_error(case, position, accelerate, monkeypatch):
+    from streamio.decoders import recordio_protobuf as rp
+
+    if not accelerate:
+        monkeypatch.setattr(rp, "_c_parse_recordio_protobuf", None)
+    elif rp._c_parse_recordio_protobuf is None:
+        pytest.skip("the C extension is not built")
+    records = [HOSTILE[case]] if position == "first" else [GOOD_SPARSE, GOOD_SPARSE, HOSTILE[case]]
+    with pytest.raises(DecodeError) as info:
+        RecordIOProtobuf().decode_batch(records, source="hostile.pbr", first_index=40)
+    assert info.value.source == "hostile.pbr"
+    assert info.value.record_index == 40 + len(records) - 1
+    assert info.value.field == "values"
+
+
+def test_widest_legal_shape_reads_and_converts_to_torch():
+    torch = pytest.importorskip("torch")
+    from streamio.torch import convert_batch
+
+    out = RecordIOProtobuf().decode_batch([hand_record([2.0], [2 ** 63 - 2], [2 ** 63 - 1])])
+    assert out["values"].shape == (1, 2 ** 63 - 1)
+    tensor = convert_batch(out)["values"]
+    assert tensor.layout == torch.sparse_csr and tensor.shape == (1, 2 ** 63 - 1)
+
+
+def test_sparse_batch_beyond_int64_is_refused_and_to_torch_says_why(tmp_path):
+    torch = pytest.importorskip("torch")
+    from streamio.torch import convert_batch
+
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        SparseBatch([0, 1], [0], np.ones(1, np.float32), (1, 2 ** 64 - 5))
+    # A stream with a negative dimension, read through to_torch: our error, no torch TypeError.
+    path = frame([GOOD_SPARSE, HOSTILE["a negative dimension (int64 -5 on the wire)"]], tmp_path)
+    ds = streamio.Dataset(str(path), "recordio", decoder=RecordIOProtobuf()).batch(2)
+    with pytest.raises(DecodeError) as info:
+        list(torch.utils.data.DataLoader(ds.to_torch(), batch_size=None))
+    assert info.value.record_index == 1 and info.value.field == "values"
+    # A SparseBatch altered after it was built (shape is a plain attribute) is named, too.
+    batch = SparseBatch([0, 1], [0], np.ones(1, np.float32), (1, 4))
+    batch.shape = (1, 2 ** 64 - 5)
+    with pytest.raises(DecodeError, match="cannot become a torch sparse tensor"):
+        convert_batch(batch)
+
+
+# Any uint64, with the edges where int64 and uint64 arithmetic break drawn often.
+_UINT64 = st.one_of(st.integers(0, 2 ** 64 - 1),
+                    st.sampled_from([2 ** 31, 2 ** 32, 2 ** 62, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 5,
+                                     2 ** 64 - 1]))
+
+
+@st.composite
+def mutated_records(draw):
+    """Valid records (dense, sparse, labelled), then wire-level nonsense: arbitrary uint64 shapes
+    and keys, flipped, inserted and deleted bytes, truncation."""
+    records = []
+    for _ in range(draw(st.integers(1, 6))):
+        if draw(st.booleans()):
+            width = draw(st.integers(1, 6))
+            nnz = draw(st.integers(0, width))
+            keys = draw(st.one_of(st.just(list(range(nnz))),
+                                  st.lists(st.one_of(st.integers(0, 12), _UINT64), max_size=4)))
+            shape = draw(st.one_of(st.just([width]), st.lists(st.one_of(st.integers(0, 8), _UINT64),
+                                                              max_size=3)))
+            values = draw(st.lists(st.floats(width=32, allow_nan=False), min_size=len(keys),
+                                   max_size=len(keys) + draw(st.integers(0, 1))))
+            rec = hand_record(values, keys, shape)
+        else:
+            rec = encode_recordio_protobuf(np.ones((1, 3), np.float32), np.ones(1))[0]
+        rec = bytearray(rec)
+        for _ in range(draw(st.integers(0, 3))):
+            op = draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
+            at = draw(st.integers(0, len(rec)))
+            if op == "flip" and at < len(rec):
+                rec[at] ^= draw(st.integers(1, 255))
+            elif op == "insert":
+                rec[at:at] = draw(st.binary(min_size=1, max_size=11))
+            elif op == "delete":
+                del rec[at:at + draw(st.integers(1, 4))]
+            else:
+                del rec[at:]
+        records.append(bytes(rec))
+    return records
+
+
+@pytest.mark.parametrize("accelerate", [True, False], ids=["c", "python"])
+def test_mutated_records_give_records_or_decode_error(accelerate, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from streamio.decoders import recordio_protobuf as rp
+    from streamio.torch import convert_batch
+
+    if not accelerate:
+        monkeypatch.setattr(rp, "_c_parse_recordio_protobuf", None)
+    elif rp._c_parse_recordio_protobuf is None:
+        pytest.skip("the C extension is not built")
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(mutated_records())
+    def check(records):
+        try:
+            out = RecordIOProtobuf().decode_batch(records, source="m", first_index=5)
+        except DecodeError as err:
+            assert err.source == "m"
+            assert err.record_index is None or 5 <= err.record_index < 5 + len(records)
+            return
+        for value in out.values():
+            assert len(value) == len(records)
+        converted = convert_batch(out)  # never a torch TypeError
+        for name, value in out.items():
+            if isinstance(value, SparseBatch):
+                assert tuple(converted[name].shape) == value.shape
+                assert value.shape[1] <= 2 ** 63 - 1
+
+    check()
+
+
+# --- to_dense sums duplicates (issue 15, item 3) -----------------------------------------------------
+
+def test_to_dense_sums_duplicate_entries_as_scipy_and_torch_do():
+    batch = SparseBatch([0, 3, 4], [1, 1, 2, 0], np.array([1.5, 2.0, 4.0, 7.0], np.float32), (2, 3))
+    want = np.array([[0, 3.5, 4.0], [7.0, 0, 0]], np.float32)
+    np.testing.assert_array_equal(batch.to_dense(), want)
+    scipy_sparse = pytest.importorskip("scipy.sparse")
+    csr = scipy_sparse.csr_matrix((batch.values, batch.indices, batch.indptr), shape=batch.shape)
+    np.testing.assert_array_equal(batch.to_dense(), csr.toarray())
+    torch = pytest.importorskip("torch")
+    from streamio.torch import convert_batch
+    np.testing.assert_array_equal(batch.to_dense(), convert_batch(batch).to_dense().numpy())
+
+
+def test_duplicate_keys_in_a_record_are_summed_like_scipy():
+    out = RecordIOProtobuf().decode_batch([hand_record([1.0, 2.0, 5.0], [4, 4, 0], [6])])
+    assert out["values"].to_dense().tolist() == [[5.0, 0, 0, 0, 3.0, 0]]
+    fixed = RecordIOProtobuf(features={"values": FixedLen([6], "float32")})
+    assert fixed.decode_batch([hand_record([1.0, 2.0], [4, 4], [6])])["values"].tolist() == [
+        [0, 0, 0, 0, 3.0, 0]]
+
+
+# --- label-only records (issue 15, item 6) -----------------------------------------------------------
+
+def test_label_only_records_as_linear_learner_and_kmeans_write_them(tmp_path):
+    # Linear Learner's RecordIO-protobuf output: label map {score, predicted_label}, no features;
+    # KMeans': {closest_cluster, distance_to_cluster}.
+    def output_record(**labels):
+        return b"".join(_field(2, _field(1, k.encode()) + _field(2, _field(2, _field(
+            1, np.array([v], "<f4").tobytes())))) for k, v in labels.items())
+
+    linear = [output_record(score=0.25 * i, predicted_label=float(i % 2)) for i in range(5)]
+    path = frame(linear, tmp_path, "linear.out")
+    out = decode(path)
+    assert sorted(out) == ["label_predicted_label", "label_score"]
+    np.testing.assert_array_equal(out["label_score"][:, 0], [0, 0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_array_equal(out["label_predicted_label"][:, 0], [0, 1, 0, 1, 0])
+    kmeans = [output_record(closest_cluster=3.0, distance_to_cluster=1.5)]
+    out = RecordIOProtobuf().decode_batch(kmeans)
+    assert out["label_closest_cluster"].tolist() == [[3.0]]
+    # Selecting only the label works too, and a record with no tensor at all is still refused.
+    assert RecordIOProtobuf(label=["score"]).decode_batch(linear[:1])["label_score"].tolist() == [[0.0]]
+    with pytest.raises(DecodeError, match="no features and no label"):
+        RecordIOProtobuf().decode_batch([_field(3, b"uid-only")])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 5), st.integers(-50, 50)), max_size=8),
+                min_size=1, max_size=6))
+def test_to_dense_equals_scipy_for_any_order_and_duplicates(rows):
+    scipy_sparse = pytest.importorskip("scipy.sparse")
+    indptr = np.concatenate(([0], np.cumsum([len(r) for r in rows])))
+    cols = np.array([c for r in rows for c, _ in r], dtype=np.int64)
+    vals = np.array([v for r in rows for _, v in r], dtype=np.float32)
+    batch = SparseBatch(indptr, cols, vals, (len(rows), 6))
+    csr = scipy_sparse.csr_matrix((vals, cols, indptr), shape=(len(rows), 6))
+    np.testing.assert_array_equal(batch.to_dense(), csr.toarray())

@@ -60,7 +60,7 @@ from typing import Any, Iterable, Iterator, Literal, Optional, Union
 import numpy as np
 
 from ..decoders.sparse import SparseBatch
-from ..errors import UsageError, UsageTypeError, require
+from ..errors import DecodeError, UsageError, UsageTypeError, require
 from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sources import PipeChannel
 from . import check_splittable
@@ -131,7 +131,13 @@ def convert_batch(batch: Any, *, pin_memory: bool = False) -> Any:
         col = _tensor(batch.indices, pin_memory)
         values = _tensor(batch.values, pin_memory)
         # SparseBatch checked the CSR invariants when it was built: do not check them again.
-        return torch.sparse_csr_tensor(crow, col, values, size=batch.shape, check_invariants=False)
+        try:
+            return torch.sparse_csr_tensor(crow, col, values, size=batch.shape,
+                                           check_invariants=False)
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+            # Only a SparseBatch altered after construction (or of a dtype torch lacks) gets
+            # here; torch words it as an argument-unpacking TypeError, so say what was wrong.
+            raise DecodeError(f"{batch!r} cannot become a torch sparse tensor: {exc}") from exc
     if isinstance(batch, tuple):
         return tuple(convert_batch(v, pin_memory=pin_memory) for v in batch)
     return batch

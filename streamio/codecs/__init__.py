@@ -3,24 +3,32 @@
 A codec has ``decode(chunk) -> Iterator[bytes]`` and ``finish() -> Iterator[bytes]``. Output comes
 in pieces of at most ``MAX_PIECE`` bytes, so a small compressed chunk that inflates enormously
 (a "zip bomb") never materialises at once: the framer's ``max_record_size`` bounds what is kept.
+
+- :mod:`.deflate`: gzip and zlib (several members/streams in a row, zero padding after them);
+- :mod:`.zstd`: Zstandard (optional: ``pip install 'streamio[zstd]'``), frames in a row;
+- :mod:`._inflate`: a faster inflater (ISA-L, zlib-ng) when installed, zlib otherwise;
+- :mod:`.sniff`: ``compression="infer"`` for a name that says nothing (look at the first bytes),
+  and :func:`describe_head`, which says what a stream's first bytes look like.
 """
 
 from __future__ import annotations
 
-import zlib
-from typing import Iterator, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
-from ..errors import CorruptRecordError, TruncatedStreamError
 from ..errors import UsageError
+from .deflate import MAX_PIECE, ZlibCodec
+from .sniff import SniffingCodec, describe_head
+from .zstd import ZstdCodec
 
-Compression = Optional[Literal["gzip", "zlib", "infer"]]
-COMPRESSION_CHOICES = (None, "gzip", "zlib", "infer")
-MAX_PIECE = 4 * 1024 * 1024
-_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zz": "zlib", ".zlib": "zlib"}
+Compression = Optional[Literal["gzip", "zlib", "zstd", "infer"]]
+COMPRESSION_CHOICES = (None, "gzip", "zlib", "zstd", "infer")
+_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zz": "zlib", ".zlib": "zlib", ".zst": "zstd",
+             ".zstd": "zstd"}
 
 
 def infer_compression(name: Optional[str]) -> Optional[str]:
-    """The compression implied by a source name's suffix (``.gz``, ``.zz``/``.zlib``), if any."""
+    """The compression implied by a source name's suffix (``.gz``, ``.zz``/``.zlib``, ``.zst``),
+    if any."""
     if not name:
         return None
     base = name.split("?", 1)[0].lower()
@@ -30,69 +38,43 @@ def infer_compression(name: Optional[str]) -> Optional[str]:
     return None
 
 
-def check_compression(compression) -> None:
+def check_compression(compression: Any) -> None:
     if compression not in COMPRESSION_CHOICES:
         raise UsageError(f"compression must be one of {COMPRESSION_CHOICES}, not {compression!r}")
 
 
-class ZlibCodec:
-    """gzip (``wbits=31``, several members allowed, as ``gzip`` concatenation makes) or zlib."""
-
-    def __init__(self, kind: str, *, source: str) -> None:
-        self.kind = kind
-        self.source = source
-        self._wbits = 31 if kind == "gzip" else 15
-        self._d = zlib.decompressobj(self._wbits)
-        self._out = 0  # decompressed bytes produced (offsets in errors are in this stream)
-        self._member_started = False
-
-    def _fault(self, cls, message: str):
-        return cls(f"{self.kind} stream: {message}", source=self.source, offset=self._out)
-
-    def decode(self, chunk) -> Iterator[Union[bytes, bytearray]]:
-        data = chunk
-        while True:
-            if self._d.eof and len(data):
-                # gzip allows several members back to back; zlib data ends at its trailer.
-                if self.kind != "gzip":
-                    raise self._fault(CorruptRecordError, "trailing bytes after the end of the stream")
-                self._d = zlib.decompressobj(self._wbits)
-            if len(data):
-                self._member_started = True
-            try:
-                piece = self._d.decompress(data, MAX_PIECE)
-            except zlib.error as exc:
-                raise self._fault(CorruptRecordError, f"corrupt compressed data ({exc})") from exc
-            if piece:
-                self._out += len(piece)
-                yield piece
-            if self._d.eof:
-                data = self._d.unused_data
-                if not data:
-                    return
-                continue
-            data = self._d.unconsumed_tail
-            # A full piece may leave output pending inside zlib even with no input left.
-            if not data and len(piece) < MAX_PIECE:
-                return
-
-    def finish(self) -> Iterator[bytes]:
-        try:
-            piece = self._d.flush()
-        except zlib.error as exc:  # pragma: no cover - flush rarely fails
-            raise self._fault(CorruptRecordError, f"corrupt compressed data ({exc})") from exc
-        if piece:
-            self._out += len(piece)
-            yield piece
-        if self._member_started and not self._d.eof:
-            raise self._fault(TruncatedStreamError, "compressed stream ends early (cut short?)")
+def _named_codec(kind: str, source: str) -> Any:
+    if kind == "zstd":
+        return ZstdCodec(source=source)
+    return ZlibCodec(kind, source=source)
 
 
-def make_codec(compression: Compression, name: Optional[str]) -> Optional[ZlibCodec]:
-    """The codec for ``compression`` (``"infer"`` goes by ``name``), or None for plain bytes."""
+def make_compressor(kind: str) -> Any:
+    """An object with ``compress(data) -> bytes`` and ``flush() -> bytes`` writing ``kind``."""
+    check_compression(kind)
+    if kind == "zstd":
+        from .zstd import zstd_compressor
+        return zstd_compressor()
+    import zlib
+    return zlib.compressobj(6, zlib.DEFLATED, 31 if kind == "gzip" else 15)
+
+
+def make_codec(compression: Compression, name: Optional[str]) -> Optional[Any]:
+    """The codec for ``compression``, or None for plain bytes.
+
+    ``"infer"`` goes by the suffix of ``name``; a name without one (a FIFO, stdin, an URL without
+    an extension) gets a :class:`SniffingCodec`, which decides from the stream's first bytes.
+    """
     check_compression(compression)
+    source = name or "<stream>"
     kind = infer_compression(name) if compression == "infer" else compression
-    return ZlibCodec(kind, source=name or "<stream>") if kind else None
+    if kind:
+        return _named_codec(kind, source)
+    if compression == "infer":
+        return SniffingCodec(source=source, make=lambda found: _named_codec(found, source))
+    return None
 
 
-__all__ = ["COMPRESSION_CHOICES", "ZlibCodec", "check_compression", "infer_compression", "make_codec"]
+__all__ = ["COMPRESSION_CHOICES", "MAX_PIECE", "SniffingCodec", "ZlibCodec", "ZstdCodec",
+           "check_compression", "describe_head", "infer_compression", "make_codec",
+           "make_compressor"]

@@ -97,11 +97,17 @@ class FixedLen:
     ``bytes`` gives an object array of ``bytes``. ``default`` (a scalar, broadcast, or an array of
     ``shape``) fills examples that lack the feature; without one a missing feature is a
     :class:`~streamio.errors.DecodeError` naming the record.
+
+    As a :class:`SequenceExample` *sequence* feature it plays TF's ``FixedLenSequenceFeature``:
+    ``default`` pads the steps, and an absent feature list raises "... is required", unless
+    ``allow_missing=True`` (as in TF), which reads it as 0 steps. ``allow_missing`` means nothing
+    elsewhere and is refused there.
     """
 
-    __slots__ = ("shape", "dtype", "default")
+    __slots__ = ("shape", "dtype", "default", "allow_missing")
 
-    def __init__(self, shape: Union[int, Sequence[int]], dtype: Any, default: Any = None) -> None:
+    def __init__(self, shape: Union[int, Sequence[int]], dtype: Any, default: Any = None, *,
+                 allow_missing: bool = False) -> None:
         if isinstance(shape, (int, np.integer)):
             shape = (int(shape),)
         try:
@@ -114,6 +120,9 @@ class FixedLen:
         self.dtype: str = _dtype_name(dtype)
         self.default: Optional[np.ndarray] = (None if default is None
                                               else _as_default(default, self.dtype, shape))
+        if not isinstance(allow_missing, bool):
+            raise UsageTypeError(f"allow_missing must be True or False, not {allow_missing!r}")
+        self.allow_missing: bool = allow_missing
 
     @property
     def size(self) -> int:
@@ -121,16 +130,18 @@ class FixedLen:
 
     def __repr__(self) -> str:
         default = "" if self.default is None else f", default={self.default.tolist()!r}"
-        return f"FixedLen({self.shape}, {self.dtype!r}{default})"
+        missing = ", allow_missing=True" if self.allow_missing else ""
+        return f"FixedLen({self.shape}, {self.dtype!r}{default}{missing})"
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, FixedLen) and (self.shape, self.dtype) == (other.shape, other.dtype)
-                and _same_default(self.default, other.default))
+                and _same_default(self.default, other.default)
+                and self.allow_missing == other.allow_missing)
 
     __hash__ = None
 
     def __reduce__(self):
-        return (FixedLen, (self.shape, self.dtype, self.default))
+        return (_fixed_len, (self.shape, self.dtype, self.default, self.allow_missing))
 
 
 class VarLen:
@@ -159,6 +170,10 @@ class VarLen:
 
     def __reduce__(self):
         return (VarLen, (self.dtype, self.pad_value))
+
+
+def _fixed_len(shape: Tuple[int, ...], dtype: str, default: Any, allow_missing: bool) -> FixedLen:
+    return FixedLen(shape, dtype, default, allow_missing=allow_missing)  # keyword-only: unpickle
 
 
 def _same_default(a: Optional[np.ndarray], b: Optional[np.ndarray]) -> bool:
@@ -791,7 +806,8 @@ def _varlen_column(name: str, spec: VarLen, values: Any, counts: np.ndarray, whe
     return out, lengths
 
 
-def _validate_features(features: Any, what: str) -> Dict[str, Union[FixedLen, VarLen]]:
+def _validate_features(features: Any, what: str,
+                       sequence: bool = False) -> Dict[str, Union[FixedLen, VarLen]]:
     if not isinstance(features, Mapping):
         raise UsageTypeError(f"{what} must be a mapping {{name: FixedLen | VarLen}}, not {type(features).__name__}")
     out: Dict[str, Union[FixedLen, VarLen]] = {}
@@ -800,6 +816,9 @@ def _validate_features(features: Any, what: str) -> Dict[str, Union[FixedLen, Va
             raise UsageTypeError(f"feature names must be str, not {name!r}")
         if not isinstance(spec, (FixedLen, VarLen)):
             raise UsageTypeError(f"feature {name!r}: expected FixedLen or VarLen, not {spec!r}")
+        if isinstance(spec, FixedLen) and spec.allow_missing and not sequence:
+            raise UsageError(f"feature {name!r}: allow_missing is for SequenceExample sequence"
+                             " features; give a default for a feature that may be missing")
         out[name] = spec
     return out
 
@@ -893,13 +912,16 @@ class SequenceExample:
     ``(B, steps, *shape)`` (padding: its ``default``, else 0), ``VarLen`` gives ``(B, steps,
     longest step)``; ``batch[name + "_len"]`` holds the number of steps of each example, and a
     ``VarLen`` sequence also gets ``batch[name + "_step_len"]`` ``(B, steps)`` with the length of
-    each step. An absent feature list has 0 steps. Stateless.
+    each step. As in TF, an absent feature list is an error for a ``FixedLen`` sequence feature
+    unless it says ``allow_missing=True`` (then: 0 steps), and 0 steps for a ``VarLen`` one; a
+    feature list that is present but empty has 0 steps. Stateless.
     """
 
     def __init__(self, context: Optional[Mapping[str, Union[FixedLen, VarLen]]] = None,
                  sequence: Optional[Mapping[str, Union[FixedLen, VarLen]]] = None) -> None:
         self.context = _validate_features({} if context is None else context, "context")
-        self.sequence = _validate_features({} if sequence is None else sequence, "sequence")
+        self.sequence = _validate_features({} if sequence is None else sequence, "sequence",
+                                           sequence=True)
         _output_names([(self.context, False), (self.sequence, True)])
         self._c_names = tuple(name.encode("utf-8") for name in self.context)
         self._c_kinds = tuple(_DTYPES[spec.dtype][0] for spec in self.context.values())
@@ -941,6 +963,12 @@ class SequenceExample:
                 out[name], out[name + "_len"] = _varlen_column(name, spec, c_values[j],
                                                                c_counts[:, j], where)
         for j, (name, spec) in enumerate(self.sequence.items()):
+            absent = s_steps[:, j] < 0
+            if isinstance(spec, FixedLen) and not spec.allow_missing and absent.any():
+                # TF (FixedLenSequenceFeature, allow_missing=False): "Feature list ... is required"
+                raise where.error(f"feature list {name!r} is required but absent; pass"
+                                  f" FixedLen(..., allow_missing=True) to read it as 0 steps",
+                                  int(np.argmax(absent)), name)
             steps = np.maximum(s_steps[:, j], 0)
             out.update(_sequence_column(name, spec, s_values[j], steps, step_counts[j], where))
         return out

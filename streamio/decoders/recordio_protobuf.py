@@ -440,6 +440,9 @@ def _check_names(value: Any, what: str) -> Optional[Dict[str, Optional[Union[Fix
             raise UsageTypeError(f"{what} keys must be str, not {key!r}")
         if spec is not None and not isinstance(spec, (FixedLen, VarLen)):
             raise UsageTypeError(f"{what}[{key!r}] must be FixedLen, VarLen or None, not {spec!r}")
+        if isinstance(spec, FixedLen) and spec.allow_missing:
+            raise UsageError(f"{what}[{key!r}]: allow_missing is for SequenceExample sequence"
+                             " features; a RecordIO-protobuf tensor is always required")
         out[key] = spec
     return out
 
@@ -521,8 +524,12 @@ class RecordIOProtobuf:
             tensors = record_tensors(record)
         except WireError as exc:
             raise where.error(f"not a RecordIO-protobuf Record: {exc.message}", 0, None) from None
-        if not any(section == SECTION_FEATURES for (section, _), _ in tensors) and self.features is None:
-            raise where.error("not a RecordIO-protobuf Record: it has no features", 0, None)
+        # Label-only records are what Linear Learner and KMeans write as their output (scores,
+        # closest cluster): read those. A record with no tensor at all is most likely some other
+        # message that happens to parse as protobuf, so it is refused rather than read as empty.
+        if not tensors and self.features is None and self.label is None:
+            raise where.error("not a RecordIO-protobuf Record: it has no features and no label",
+                              0, None)
         kinds = dict(tensors)
         wanted: List[Tuple[_Name, Optional[Union[FixedLen, VarLen]]]] = []
         for section, chosen in ((SECTION_FEATURES, self.features), (SECTION_LABEL, self.label)):
@@ -550,6 +557,8 @@ class RecordIOProtobuf:
             if out in outs or out + "_len" in outs:
                 raise where.error(f"two tensors would both be output as {out!r}", 0, out)
             outs[out] = name
+            if shape:
+                _check_dims(shape, where, out)
             if sparse:
                 if not shape:
                     raise where.error("a sparse tensor (with keys) has no shape", 0, out)
@@ -561,6 +570,9 @@ class RecordIOProtobuf:
                                       f" sparse tensor's shape {shape} has {width}", 0, out)
             else:
                 width = int(counts[0, j])
+                if shape and math.prod(shape) != width:
+                    raise where.error(f"dense tensor has {width} values but its shape"
+                                      f" {list(shape)} holds {math.prod(shape)}", 0, out)
             if spec is not None and (spec.dtype == "bytes") != (kind == KIND_BYTES):
                 raise where.error(f"{spec!r} does not fit a {_KIND_NAMES[kind]}", 0, out)
             columns.append(_Column(name, kind, spec, sparse, width, shape))
@@ -641,6 +653,21 @@ def _cast(values: np.ndarray, col: _Column, where: _Where) -> np.ndarray:
             raise where.error(f"value {values.ravel()[np.argmax(bad.ravel())]} is not a whole"
                               f" number, {col.spec.dtype} requested", None, col.out)
     return values.astype(target, copy=False)
+
+
+#: The widest row a sparse tensor may have: torch, scipy and numpy index with int64.
+MAX_WIDTH = 2 ** 63 - 1
+
+
+def _check_dims(shape: Tuple[int, ...], where: _Where, out: str) -> None:
+    """A shape's dimensions are uint64 on the wire; a writer's negative int64 arrives as 2**64 - n.
+    The row is ``prod(shape)`` wide and its keys index it, so that product must fit int64."""
+    for d in shape:
+        if d > MAX_WIDTH:
+            raise where.error(f"tensor shape {list(shape)} has a negative or too large dimension"
+                              f" ({d - 2 ** 64 if d >= 2 ** 63 else d})", 0, out)
+    if math.prod(shape) > MAX_WIDTH:
+        raise where.error(f"tensor shape {list(shape)} holds more than 2**63 - 1 values", 0, out)
 
 
 def _check_shapes(col: _Column, shapes: np.ndarray, shape_counts: np.ndarray, where: _Where) -> None:

@@ -10,6 +10,9 @@ from ..errors import UsageError
 
 __all__ = ["SparseBatch"]
 
+#: The largest dimension a SparseBatch may have (int64, as torch and scipy index).
+MAX_DIM = 2 ** 63 - 1
+
 
 class SparseBatch:
     """A ``(rows, columns)`` batch in compressed sparse row (CSR) form.
@@ -28,6 +31,9 @@ class SparseBatch:
         indices = np.asarray(indices, dtype=np.int64)
         values = np.asarray(values)
         shape = (int(shape[0]), int(shape[1]))
+        # torch, scipy and numpy size tensors with int64: a wider shape cannot be converted.
+        if not (0 <= shape[0] <= MAX_DIM and 0 <= shape[1] <= MAX_DIM):
+            raise UsageError(f"shape {shape} must be two dimensions in [0, 2**63 - 1]")
         if indptr.ndim != 1 or len(indptr) != shape[0] + 1:
             raise UsageError(f"indptr must have rows + 1 = {shape[0] + 1} entries, not {indptr.shape}")
         if indices.shape != values.shape or indices.ndim != 1:
@@ -56,10 +62,21 @@ class SparseBatch:
         return self.shape[0]
 
     def to_dense(self) -> np.ndarray:
-        """The batch as a dense ``(rows, columns)`` array (absent entries are 0)."""
+        """The batch as a dense ``(rows, columns)`` array (absent entries are 0).
+
+        Entries given twice for one (row, column) are summed, as ``scipy.sparse`` and torch do.
+        """
         dense = np.zeros(self.shape, dtype=self.values.dtype)
         rows = np.repeat(np.arange(self.shape[0]), np.diff(self.indptr))
-        dense[rows, self.indices] = self.values
+        # Plain assignment would keep the last duplicate; add.at accumulates every one, but is
+        # ~3x slower, so it is kept for rows whose columns are not strictly increasing (what
+        # writers produce: scipy's sorted CSR, SageMaker's sorted keys) may hold duplicates.
+        cols = self.indices
+        same_row = rows[1:] == rows[:-1]
+        if len(cols) > 1 and (cols[1:][same_row] <= cols[:-1][same_row]).any():
+            np.add.at(dense, (rows, cols), self.values)
+        else:
+            dense[rows, cols] = self.values
         return dense
 
     def row_lengths(self) -> np.ndarray:
