@@ -19,7 +19,7 @@ from .errors import StreamioError, StreamioWarning
 from .reader import ReaderStats, RecordReader, expand_sources
 
 FORMAT_CHOICES = ("tfrecord", "recordio", "csv", "lines")
-COMPRESSION_CHOICES = ("infer", "none", "gzip", "zlib")
+COMPRESSION_CHOICES = ("infer", "none", "gzip", "zlib", "zstd")
 SERVE_CHUNK = 1024 * 1024
 
 
