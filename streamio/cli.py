@@ -1,4 +1,4 @@
-"""The streamio command: count, head, serve-pipe, demo, bench.
+"""The streamio command: count, head, serve-pipe, sagemaker-local, demo, bench.
 
 ``python -m streamio`` is the same command. Errors from streamio print one line and exit 1;
 warnings (``--on-error warn``) print one line each, without a file name. Subcommands are built in
@@ -293,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
+    from .sagemaker.emulator import add_cli as add_sagemaker_local
+
+    add_sagemaker_local(sub)
     return parser
 
 

@@ -7,10 +7,12 @@ when it is installed and otherwise with a small numpy model (logistic regression
 1. a small synthetic dataset (a few thousand ``tf.train.Example`` records: 16 float features and a
    0/1 label from a fixed linear rule with label noise) is written as TFRecord, encoded here
    without TensorFlow;
-2. ``streamio serve-pipe`` runs as a separate process, as SageMaker's agent would, and serves the
-   file on ``<workdir>/train_<epoch>`` FIFOs, one per epoch;
-3. the training loop reads a :class:`~streamio.PipeChannel` through ``Dataset(...).shuffle()
-   .batch().prefetch()`` (and ``to_torch()`` + ``to_device()``, or ``to_tf()`` and Keras, or the
+2. ``streamio sagemaker-local --mode Pipe`` runs as a separate process, as SageMaker's agent
+   would: it writes the container's input config under ``<workdir>/opt_ml`` and serves the file
+   on the channel's FIFOs ``input/data/train_<epoch>``, one per epoch;
+3. the training loop opens the channel as a SageMaker script does, ``sagemaker.channel("train")``
+   (here with ``root=`` pointing at the emulated ``/opt/ml``), then ``.shuffle().batch()
+   .prefetch()`` (and ``to_torch()`` + ``to_device()``, or ``to_tf()`` and Keras, or the
    batches' numpy arrays directly), and prints each epoch's loss, records per second and the
    time the model waited for data.
 """
@@ -66,21 +68,32 @@ def make_demo_data(path: str, *, records: int = DEFAULT_RECORDS, seed: int = DEF
 
 
 # -- the Pipe mode writer -------------------------------------------------------------------------
-def _serve(channel: str, epochs: int, path: str) -> subprocess.Popen:
-    """Start ``streamio serve-pipe`` in its own process (the SageMaker agent's role)."""
-    cmd = [sys.executable, "-m", "streamio", "serve-pipe", "--channel", channel,
-           "--epochs", str(epochs), "--open-timeout", str(_SERVE_OPEN_TIMEOUT), path]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _serve(root: str, epochs: int, path: str) -> subprocess.Popen:
+    """Start ``streamio sagemaker-local`` in Pipe mode in its own process (the SageMaker agent's
+    role) and wait until it has written the container's config, as a real container has it
+    before the training script starts."""
+    cmd = [sys.executable, "-m", "streamio", "sagemaker-local", "--root", root, "--mode", "Pipe",
+           "--channel", f"train={path}", "--epochs", str(epochs),
+           "--open-timeout", str(_SERVE_OPEN_TIMEOUT)]
+    writer = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    config = os.path.join(root, "input", "config", "inputdataconfig.json")
+    deadline = time.monotonic() + _SERVE_OPEN_TIMEOUT
+    while not os.path.exists(config):
+        if writer.poll() is not None or time.monotonic() > deadline:
+            err = writer.communicate()[1] if writer.poll() is not None else b""
+            raise SourceError("the SageMaker emulator did not start: "
+                              + err.decode(errors="replace"), source=root)
+        time.sleep(0.01)
+    return writer
 
 
-def _dataset(channel_prefix: str, *, batch_size: int, seed: int) -> Any:
+def _dataset(root: str, *, batch_size: int, seed: int) -> Any:
+    from . import sagemaker
     from .decoders import Example, FixedLen
-    from .pipeline import Dataset
-    from .sources import PipeChannel
 
-    channel = PipeChannel(channel_prefix, open_timeout=_SERVE_OPEN_TIMEOUT)
     decoder = Example({"x": FixedLen([FEATURES], "float32"), "y": FixedLen([], "int64")})
-    return (Dataset(channel, "tfrecord", decoder=decoder)
+    return (sagemaker.channel("train", decoder=decoder, root=root,
+                              open_timeout=_SERVE_OPEN_TIMEOUT)
             .shuffle(DEFAULT_SHUFFLE_BUFFER, seed=seed)
             .batch(batch_size)
             .prefetch(DEFAULT_PREFETCH))
@@ -297,13 +310,14 @@ def run_demo(framework: str = "auto", epochs: int = DEFAULT_EPOCHS, workdir: Opt
     try:
         data = os.path.join(workdir, "train.tfrecord")
         make_demo_data(data, records=records, seed=seed)
-        channel = os.path.join(workdir, "train")
+        root = os.path.join(workdir, "opt_ml")  # stands for the container's /opt/ml
+        channel = os.path.join(root, "input", "data", "train")
         if verbose:
             print(f"streamio demo: {records} tf.train.Example records, served as a SageMaker Pipe"
                   f" mode channel {channel}_<epoch> for {epochs} epochs; training with"
                   f" {framework}", flush=True)
-        writer = _serve(channel, epochs, data)
-        ds = _dataset(channel, batch_size=batch_size, seed=seed)
+        writer = _serve(root, epochs, data)
+        ds = _dataset(root, batch_size=batch_size, seed=seed)
         if framework == "torch":
             results = _train_torch(ds, epochs, device=device, seed=seed, report=report)
         elif framework == "numpy":
@@ -312,7 +326,7 @@ def run_demo(framework: str = "auto", epochs: int = DEFAULT_EPOCHS, workdir: Opt
             results = _train_tf(ds, epochs, records=records, seed=seed, report=report)
         _, err = writer.communicate(timeout=_SERVE_OPEN_TIMEOUT)
         if writer.returncode != 0:
-            raise SourceError(f"the serve-pipe process failed: {err.decode(errors='replace')}",
+            raise SourceError(f"the SageMaker emulator failed: {err.decode(errors='replace')}",
                               source=channel)
         return {"framework": framework, "records": records, "epochs": results}
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -30,8 +31,11 @@ def test_run_demo_torch_trains_from_the_fifo(tmp_path):
     assert all(e["records"] == 2048 for e in epochs)  # both epochs, the whole stream each
     assert epochs[1]["loss"] < epochs[0]["loss"]  # it learns
     assert all(e["records_per_s"] > 0 and e["data_wait_s"] >= 0 for e in epochs)
-    # serve-pipe removed its FIFOs; the bundled data file stays in the given workdir
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.tfrecord"]
+    # The emulator removed its FIFOs (only the container config is left of the emulated
+    # /opt/ml); the bundled data file stays in the given workdir.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["opt_ml", "train.tfrecord"]
+    assert os.listdir(tmp_path / "opt_ml" / "input" / "data") == []
+    assert (tmp_path / "opt_ml" / "input" / "config" / "inputdataconfig.json").exists()
 
 
 def _cli_demo(*args: str) -> list:

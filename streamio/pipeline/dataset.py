@@ -207,7 +207,7 @@ class Dataset:
         self._stats_providers.append(provider)
 
     def _derive(self, **changes: Any) -> "Dataset":
-        new = object.__new__(Dataset)
+        new = object.__new__(type(self))  # a subclass (a SageMaker channel's) stays itself
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)
         new._reset_runtime()
