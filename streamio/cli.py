@@ -1,4 +1,4 @@
-"""The ``streamio`` command: count, head, serve-pipe, demo, bench.
+"""The ``streamio`` command: count, head, serve-pipe, pack, diagnose, demo, bench.
 
 ``python -m streamio`` is the same command. Errors from streamio print one line and exit 1.
 """
@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench)
+    from .tools.diagnose import add_cli as add_diagnose
+    from .tools.pack import add_cli as add_pack
+
+    add_pack(sub)
+    add_diagnose(sub)
     return parser
 
 
