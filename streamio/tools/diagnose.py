@@ -49,6 +49,7 @@ class RunFigures:
     records: int = 0
     bytes: int = 0
     first_batch_s: Optional[float] = None
+    first_batch_decode_s: float = 0.0  # decode time spent before the first batch arrived
     source_wait_s: float = 0.0
     decode_s: float = 0.0
     wait_s: float = 0.0
@@ -185,6 +186,8 @@ def _timed_run(name: str, iterable: Any, *, seconds: float, step: Optional[Calla
             fig.wait_s += got - before
             if fig.first_batch_s is None:
                 fig.first_batch_s = got - start
+                if stats is not None:  # a first batch can wait on a whole block's decoding
+                    fig.first_batch_decode_s = float(stats().get("decode_s", 0.0))
             fig.batches += 1
             fig.records += _rows(item)
             spent = 0.0
@@ -246,7 +249,8 @@ def _verdict(d: Diagnosis, step_per_batch: float) -> None:
         d.bottleneck, d.explanation = "start-up", "no batch arrived within the time allowed."
         d.suggestion = "check that the source delivers data (run `streamio count` on it)."
         return
-    first = alone.first_batch_s or 0.0
+    # Decoding before the first batch is decode time, not start-up.
+    first = max(0.0, (alone.first_batch_s or 0.0) - alone.first_batch_decode_s)
     if first >= START_UP_MIN_S and first >= START_UP_SHARE * alone.seconds:
         d.bottleneck = "start-up"
         d.explanation = (f"the first batch took {first:,.1f} s of a {alone.seconds:,.1f} s run"
