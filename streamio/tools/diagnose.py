@@ -95,10 +95,11 @@ class Diagnosis:
              else f"{r.first_batch_s * 1000:,.0f} ms"),
             ("source wait (I/O)", lambda r: _share(r.source_wait_s, r.seconds)),
             ("decode", lambda r: _share(r.decode_s, r.seconds)),
+            # Alone, the whole pipeline runs inside next(): what is neither I/O nor decode.
             ("framing+shuffle+batch", lambda r: _share(
-                max(0.0, r.seconds - r.source_wait_s - r.decode_s - r.step_s - r.wait_s),
-                r.seconds) if r.name == "input alone" else "-"),
-            ("step waited for data", lambda r: _share(r.wait_s, r.seconds)),
+                max(0.0, r.seconds - r.source_wait_s - r.decode_s), r.seconds)
+             if r.name == "input alone" else "-"),
+            ("consumer waited for data", lambda r: _share(r.wait_s, r.seconds)),
             ("process CPU (cores)", lambda r: f"{r.cpu_process:.2f}"),
             ("per-core busy", lambda r: " ".join(f"{c:.0%}" for c in r.cpu_per_core) or "-"),
         ]
