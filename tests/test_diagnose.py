@@ -118,3 +118,15 @@ def test_cli_table_and_json(tmp_path, examples):
     bad = subprocess.run(base[:-6] + ["--decoder", "example:/nonexistent.json"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "expected a JSON file" in bad.stderr
+
+
+def test_dataloader_worker_runs(tmp_path, examples):
+    pytest.importorskip("torch")
+    # Two files, so two DataLoader workers each get a whole source.
+    second = tmp_path / "b.tfrecord"
+    second.write_bytes(open(examples, "rb").read())
+    ds = Dataset([examples, str(second)], "tfrecord", decoder=Example(SPEC)).batch(64)
+    d = streamio.diagnose(ds, step_ms=1, seconds=2, workers=[0, 2])
+    [run] = d.workers
+    assert run.name == "2 workers" and run.batches > 0 and run.records > 0
+    assert "2 workers" in d.table()
