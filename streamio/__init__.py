@@ -16,6 +16,7 @@ from .errors import (CorruptRecordError, DecodeError, FormatError, MissingDepend
 from .pipeline import Dataset
 from .reader import RecordReader, read_records, write_recordio_protobuf, write_records
 from .sources import PipeChannel
+from .tools import diagnose, pack
 
 __version__ = "0.1.0"
 
@@ -41,8 +42,10 @@ __all__ = [
     "UsageError",
     "UsageTypeError",
     "VarLen",
+    "diagnose",
     "encode_example",
     "errors",
+    "pack",
     "read_records",
     "write_recordio_protobuf",
     "write_records",

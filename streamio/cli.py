@@ -1,4 +1,4 @@
-"""The streamio command: count, head, serve-pipe, sagemaker-local, demo, bench.
+"""The streamio command: count, head, serve-pipe, sagemaker-local, pack, diagnose, demo, bench.
 
 ``python -m streamio`` is the same command. Errors from streamio print one line and exit 1;
 warnings (``--on-error warn``) print one line each, without a file name. Subcommands are built in
@@ -296,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .sagemaker.emulator import add_cli as add_sagemaker_local
 
     add_sagemaker_local(sub)
+    from .tools.diagnose import add_cli as add_diagnose
+    from .tools.pack import add_cli as add_pack
+
+    add_pack(sub)
+    add_diagnose(sub)
     return parser
 
 
