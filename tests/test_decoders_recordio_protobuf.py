@@ -511,7 +511,7 @@ def mutated_records(draw):
 
 @pytest.mark.parametrize("accelerate", [True, False], ids=["c", "python"])
 def test_mutated_records_give_records_or_decode_error(accelerate, monkeypatch):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from streamio.decoders import recordio_protobuf as rp
     from streamio.torch import convert_batch
 
@@ -549,7 +549,7 @@ def test_to_dense_sums_duplicate_entries_as_scipy_and_torch_do():
     scipy_sparse = pytest.importorskip("scipy.sparse")
     csr = scipy_sparse.csr_matrix((batch.values, batch.indices, batch.indptr), shape=batch.shape)
     np.testing.assert_array_equal(batch.to_dense(), csr.toarray())
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from streamio.torch import convert_batch
     np.testing.assert_array_equal(batch.to_dense(), convert_batch(batch).to_dense().numpy())
 

@@ -44,7 +44,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from ..decoders import Csv, RecordIOProtobuf
-from ..errors import DecodeError, RecordTooLargeError, UsageError
+from ..errors import DecodeError, RecordTooLargeError, UsageError, UsageTypeError
 from ..formats import register_format
 from ..formats._base import DEFAULT_MAX_RECORD_SIZE
 from ..pipeline import Dataset
@@ -152,11 +152,11 @@ class AugmentedManifest:
         elif isinstance(attributes, (list, tuple)) and attributes:
             self.how = {name: None for name in attributes}
         else:
-            raise TypeError("attributes must be a non-empty list of names or a mapping"
+            raise UsageTypeError("attributes must be a non-empty list of names or a mapping"
                             " {name: how}")
         for name in self.how:
             if not isinstance(name, str) or not name:
-                raise TypeError(f"attribute names must be non-empty strings, not {name!r}")
+                raise UsageTypeError(f"attribute names must be non-empty strings, not {name!r}")
         self.names = tuple(self.how)
 
     def output_spec(self) -> None:
@@ -168,8 +168,9 @@ class AugmentedManifest:
         for i, record in enumerate(records):
             try:
                 parts = split_manifest_record(record)
-            except ValueError as exc:
-                raise DecodeError(str(exc), source=source, record_index=first_index + i) from None
+            except DecodeError as exc:
+                raise DecodeError(exc.reason, source=source,
+                                  record_index=first_index + i) from None
             if len(parts) != len(self.names):
                 raise DecodeError(f"{len(parts)} attributes where {len(self.names)} were"
                                   " expected", source=source, record_index=first_index + i)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import struct
 from typing import Optional
 
-from ..errors import CorruptRecordError, RecordTooLargeError, TruncatedStreamError
+from ..errors import (CorruptRecordError, DecodeError, RecordTooLargeError,
+                      TruncatedStreamError, UsageError)
 from ..formats import RecordIOFramer, register_format
 from ..formats.recordio import HEADER_SIZE, LENGTH_MASK, MAGIC
 from ..sources import ByteSource, PipeChannel
@@ -201,7 +202,7 @@ class ManifestGroupFramer:
     def __init__(self, *, attributes: int, on_error: str, max_record_size: int,
                  source: str) -> None:
         if isinstance(attributes, bool) or not isinstance(attributes, int) or attributes < 1:
-            raise ValueError(f"attributes must be a positive int, not {attributes!r}")
+            raise UsageError(f"attributes must be a positive int, not {attributes!r}")
         self.attributes = attributes
         self._inner = RecordIOFramer(multipart="concat", on_error=on_error,
                                      max_record_size=max_record_size, source=source)
@@ -247,16 +248,17 @@ class ManifestGroupFramer:
 
 
 def split_manifest_record(record: bytes) -> list:
-    """The attribute payloads of one ``"sagemaker-manifest"`` record, in attribute order."""
+    """The attribute payloads of one ``"sagemaker-manifest"`` record, in attribute order
+    (a :class:`~streamio.DecodeError` if it was not made by the manifest framer)."""
     parts = []
     pos, end = 0, len(record)
     while pos < end:
         if end - pos < _LENGTH.size:
-            raise ValueError("truncated manifest record")
+            raise DecodeError("truncated manifest record")
         (n,) = _LENGTH.unpack_from(record, pos)
         pos += _LENGTH.size
         if n > end - pos:
-            raise ValueError("truncated manifest record")
+            raise DecodeError("truncated manifest record")
         parts.append(record[pos:pos + n])
         pos += n
     return parts

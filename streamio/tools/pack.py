@@ -32,10 +32,10 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence, TextIO
+from typing import Iterator, Optional, Sequence, TextIO
 
 from ..decoders import encode_example
-from ..errors import SourceError, StreamioError, UsageError
+from ..errors import StreamioError, UsageError
 from ..formats import encode_recordio, encode_tfrecord
 
 #: 64 MB: inside the 1-128 MB range that keeps per-request costs small on network storage while

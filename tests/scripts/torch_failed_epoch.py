@@ -12,7 +12,7 @@ import os
 import sys
 
 import numpy as np
-import torch
+import torch  # noqa: F401  (torch first, as a training script would)
 from torch.utils.data import DataLoader
 
 import streamio
