@@ -54,6 +54,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import warnings
 import time
 from typing import Any, Iterable, Iterator, Literal, Optional, Union
 
@@ -132,8 +133,12 @@ def convert_batch(batch: Any, *, pin_memory: bool = False) -> Any:
         values = _tensor(batch.values, pin_memory)
         # SparseBatch checked the CSR invariants when it was built: do not check them again.
         try:
-            return torch.sparse_csr_tensor(crow, col, values, size=batch.shape,
-                                           check_invariants=False)
+            with warnings.catch_warnings():
+                # torch warns "support is in beta" on every CSR tensor it makes: noise for the
+                # user at each batch, about torch, not about their data.
+                warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+                return torch.sparse_csr_tensor(crow, col, values, size=batch.shape,
+                                               check_invariants=False)
         except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
             # Only a SparseBatch altered after construction (or of a dtype torch lacks) gets
             # here; torch words it as an argument-unpacking TypeError, so say what was wrong.

@@ -184,8 +184,8 @@ class WrappedPipeChannel(PipeChannel):
         super().__init__(path_prefix, **kwargs)
         self.separator = separator
 
-    def open(self) -> UnwrappedSource:  # type: ignore[override]
-        inner: FileSource = super().open()
+    def open(self, **timeouts) -> UnwrappedSource:  # type: ignore[override]
+        inner: FileSource = super().open(**timeouts)
         return UnwrappedSource(inner, separator=self.separator)
 
     def __repr__(self) -> str:

@@ -309,7 +309,7 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
             done_files += len(shard)
             done_bytes += sum(item.size for item in shard)
             result.files += len(shard)
-            result.bytes += os.path.getsize(path)
+            result.bytes += os.stat(path).st_size  # a whole shard an earlier run wrote
             bar.update(done_files, done_bytes)
             continue
         written = _write_shard(path, shard, format, compression, jobs, index, on_error, result,
@@ -329,7 +329,7 @@ def _write_shard(path: str, shard: list, format: str, compression: Optional[str]
     tmp = path + ".tmp"
     compressor = zlib.compressobj(6, zlib.DEFLATED, 31) if compression else None
     offsets: list = []
-    position = 0
+    position = written = 0
     files = nbytes = 0
     try:
         with open(tmp, "wb") as f:
@@ -344,18 +344,21 @@ def _write_shard(path: str, shard: list, format: str, compression: Optional[str]
                 frame = _encode(item, data, format)
                 offsets.append((item.id, position, len(frame)))
                 position += len(frame)
-                f.write(compressor.compress(frame) if compressor else frame)
+                out = compressor.compress(frame) if compressor else frame
+                f.write(out)
+                written += len(out)
                 files += 1
                 nbytes += item.size
                 result.files += 1
                 report(files, nbytes)
             if compressor:
-                f.write(compressor.flush())
+                tail = compressor.flush()
+                f.write(tail)
+                written += len(tail)
         if index:
             _write_index(path, offsets, format)
-        size = os.path.getsize(tmp)
         os.replace(tmp, path)
-        return size
+        return written
     except BaseException:
         for leftover in (tmp, _index_path(path, format) + ".tmp"):
             try:
