@@ -88,13 +88,23 @@ class Csv:
       ``{column name or index: dtype}`` (unlisted columns: ``"float32"``); ``"str"`` columns give
       object arrays of ``str``, ``"bytes"`` of the raw ``bytes``.
     * ``columns``: the columns to keep (indices or header names), in output order; default all.
-    * ``header=True``: the first row names the columns. Rows equal to it later in the stream are
-      dropped (SageMaker Pipe mode concatenates files, so each file's header arrives as a row).
-      The header is taken from the first row this decoder sees: ``fresh()`` gives a decoder for a
-      new stream (a new epoch starts with a header again).
+    * ``header=True``: the first row names the columns. SageMaker Pipe mode concatenates files,
+      so each file's header arrives as a row; a row equal to the header is dropped where it
+      cannot be a data row (its values do not parse as the columns' dtypes) or where it starts
+      with a BOM (a file's start). Otherwise it is data: pandas writes the header ``0,1,2`` for
+      a plain array, and rows ``0,1,2`` under it are rows. (A :class:`~streamio.Dataset` reads
+      each source's first row as its header itself.) The header is taken from the first row
+      this decoder sees: ``fresh()`` gives a decoder for a new stream (a new epoch starts with
+      a header again).
     * A UTF-8 byte-order mark at the start of a row is dropped; ``encoding`` decodes header and
       ``str`` columns (it must be ASCII-compatible, as the row framing is byte-based).
     * ``na_values``: strings that mean "missing": NaN in float columns, an error in integer ones.
+    * Numbers are ASCII, as ``np.loadtxt`` and pandas read them (spaces around them allowed):
+      ``"１２"`` (full-width), ``"١"`` or ``"1_0"``, which Python's ``float()`` would read, are a
+      :class:`~streamio.errors.DecodeError` whatever else is in the batch; as ``"str"`` columns
+      they are kept as written. A number beyond float32's range is ``inf``.
+    * Fields of any length up to the framer's ``max_record_size`` (the csv module's
+      ``field_size_limit()`` is neither needed nor changed).
 
     A value that does not parse, or a row with the wrong number of fields, raises
     :class:`~streamio.errors.DecodeError` naming the record and the column.
