@@ -40,7 +40,12 @@ def fields(record: bytes, delimiter: str = ",") -> list:
 
 # Anything the csv module reads: quotes anywhere (opening, closing, doubled, literal), every
 # kind of line end, blanks, the delimiter.
-csv_text = st.text(alphabet='a1 \t,;"\r\n', max_size=60)
+csv_text = st.one_of(
+    st.text(alphabet='a1 \t,;"\r\n', max_size=60),
+    # quote-heavy: runs of quotes long and short (the framer measures long runs at once)
+    st.lists(st.sampled_from(['"', '""', '"' * 9, '"' * 16, "a", ",", ";", "\n", "\r"]),
+             max_size=30).map("".join),
+)
 
 
 def frame_until_error(framer, data: bytes, cuts=()):

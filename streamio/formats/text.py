@@ -23,6 +23,7 @@ chunk that hold no quoted field are cut with one ``split`` per run of rows.
 
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 from ..errors import RecordTooLargeError, TruncatedStreamError
@@ -34,6 +35,7 @@ _LF = 10
 _CR = 13
 _BLANKS = b" \t"  # what pandas' tokenizer counts as whitespace on a blank line
 _BLANK_STARTS = (b" ", b"\t")
+_ESCAPED_WINDOW = 1 << 16  # bytes one regex match may cover (~4 MB of regex stack at worst)
 _BLANK_BYTES = b" \t\r\n"  # a row that starts with one of these may be blank
 
 # Scanner states of the unfinished row (the csv module's names in parentheses).
@@ -59,6 +61,12 @@ class TextRowFramer(FramerBase):
             raise ValueError("delimiter and quotechar must differ")
         # bytes after which a quote opens a field: a delimiter, or a line break (a row start)
         self._openers = self._delim + b"\r\n"
+        if self._quote is not None:
+            # the inside of a quoted field from a doubled quote on: text and doubled quotes
+            q = re.escape(self._quote)
+            self._escaped = re.compile(b"[^" + q + b"]*(?:" + q + q + b"[^" + q + b"]*)*")
+            self._run = re.compile(q + b"+")
+            self._long_run = self._quote * 8
         self.keep_blank = keep_blank
         self._csv = csv_rows
         self._buf = bytearray()  # the unfinished row (never more than max_record_size bytes)
@@ -189,8 +197,16 @@ class TextRowFramer(FramerBase):
                     state = _QUOTE_SEEN
                     pos = n
                     break
-                if data[close + 1] == quote_byte:  # a doubled quote: data, still quoted
-                    pos = close + 2
+                if data[close + 1] == quote_byte:
+                    # Doubled quotes (data): a regex skips them and the text between them in
+                    # C, up to a quote that is not doubled, within a window that bounds the
+                    # regex engine's stack (it grows with each "" it passes). A long run of
+                    # quotes is measured at once: its last quote closes the field if odd.
+                    if data.startswith(self._long_run, close):
+                        end = self._run.match(data, close).end()
+                        pos = end - ((end - close) & 1)
+                    else:
+                        pos = self._escaped.match(data, close, min(n, close + _ESCAPED_WINDOW)).end()
                     continue
                 pos = close + 1
                 state = _UNQUOTED  # the field is closed; what follows is unquoted
