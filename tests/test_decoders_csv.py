@@ -377,3 +377,20 @@ def test_csv_through_a_dataset_emits_no_warning(tmp_path):
         warnings.simplefilter("error")
         batches = list(Dataset(str(file), "csv", decoder=Csv(header=True)).batch(7))
     assert sum(len(b["features"]) for b in batches) == 102
+
+
+def test_a_dataset_frames_with_the_decoders_delimiter(tmp_path):
+    # a quote opens a quoted field only after the delimiter, so the framer must know it
+    file = tmp_path / "semi.csv"
+    file.write_bytes(b'id;note\n1;"two\nlines; and ""quotes"""\n2;5 ft 3"\n')
+    decoder = Csv(header=True, delimiter=";", as_columns=True, dtype={"note": "str"})
+    ds = Dataset(str(file), "csv", decoder=decoder)
+    assert ds.reader_options == {"delimiter": ";"}
+    (batch,) = list(ds.batch(8))
+    assert batch["note"].tolist() == ['two\nlines; and "quotes"', '5 ft 3"']
+    np.testing.assert_array_equal(batch["id"], [1, 2])
+    want = pd.read_csv(io.BytesIO(file.read_bytes()), sep=";")
+    assert want["note"].tolist() == batch["note"].tolist()
+    # options given to the Dataset win; a decoder with default options adds none
+    assert Dataset(str(file), "csv", decoder=decoder, delimiter=",").reader_options == {"delimiter": ","}
+    assert Dataset(str(file), "csv", decoder=Csv()).reader_options == {}

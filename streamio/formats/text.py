@@ -239,11 +239,17 @@ class TextRowFramer(FramerBase):
                 cr = data.find(b"\r", pos)
                 if cr < 0:
                     cr = n
-            if (lf < opening < cr and fresh and data.find(b"\n", lf + 1, opening) < 0
-                    and lf - lead <= limit and data[lead] not in _BLANK_BYTES):
-                append(data[lead:lf])
+            if lf < opening < cr and fresh:
+                following = data.find(b"\n", lf + 1)  # the next LF after it, remembered
+                if following < 0:
+                    following = n
+            else:
+                following = -1
+            if following > opening and lf - lead <= limit and data[lead] not in _BLANK_BYTES:
+                append(data[lead:lf])  # exactly one row ends before the quote
                 inline += 1
                 lead = lf + 1
+                lf = following
             else:
                 if fresh:
                     self._row_start = base + lead
