@@ -105,7 +105,8 @@ class TextRowFramer(FramerBase):
             self._scan(data, base, out)
             if self._error is not None:
                 return out
-        self._cr_held = False  # lines: a CR at the very end, dropped as before a line break
+        # lines: a CR at the very end is dropped as before a line break, but ends a line
+        cr_line, self._cr_held = self._cr_held, False
         if self._state == _QUOTED:
             err = self._fault(TruncatedStreamError,
                               "stream ends inside a quoted CSV field (unbalanced quote)",
@@ -119,7 +120,7 @@ class TextRowFramer(FramerBase):
             return out
         if self._dropping:
             self._dropping = False
-        elif self._buf:
+        elif self._buf or cr_line:
             self._emit([bytes(self._buf)], self._csv, out)
         self._reset_row()
         return out
