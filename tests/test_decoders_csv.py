@@ -7,7 +7,7 @@ import pickle
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamio
@@ -198,3 +198,199 @@ def test_garbage_gives_values_or_decode_error(rows, header, as_columns):
         assert err.record_index is None or 2 <= err.record_index < 2 + len(rows)
     else:
         assert all(len(v) <= len(rows) for v in out.values())
+
+
+# --- issue 15: reading what pandas and the csv module write, as they read it ---------------------------
+
+import csv as _csv_module  # noqa: E402
+import io  # noqa: E402
+import warnings  # noqa: E402
+
+import pandas as pd  # noqa: E402
+
+import streamio.decoders.csv as csv_decoder  # noqa: E402
+from streamio import Dataset  # noqa: E402
+
+
+@pytest.fixture(params=["c", "python", "general"])
+def path(request, monkeypatch):
+    """Which decoding path a batch takes: the C kernel (when built), numpy's loadtxt without
+    it, or the general (csv module) path; results must not depend on it."""
+    if request.param == "c" and csv_decoder._c_parse_csv_floats is None:
+        pytest.skip("C accelerator not built (python setup.py build_ext --inplace)")
+    if request.param != "c":
+        monkeypatch.setattr(csv_decoder, "_c_parse_csv_floats", None)
+    return request.param
+
+
+def make_csv(path_, **options):
+    decoder = Csv(**options)
+    if path_ == "general":
+        decoder._fast_ok = False
+    return decoder
+
+
+def pandas_csv(arr) -> bytes:
+    return pd.DataFrame(arr).to_csv(index=False).encode()
+
+
+def test_data_rows_equal_to_the_header_are_kept(path, tmp_path):
+    # pandas writes the header "0,1,2" for a plain array; rows "0,1,2" are data
+    arr = np.array([[0, 1, 2], [3, 4, 5], [0, 1, 2], [0, 1, 2]])
+    data = pandas_csv(arr)
+    assert data.splitlines()[0] == b"0,1,2"
+    want = pd.read_csv(io.BytesIO(data)).to_numpy()
+    assert want.shape == (4, 3)
+    rows = rows_of(data)
+    decoder = make_csv(path, header=True)
+    got = np.concatenate([decoder.decode_batch(rows[:2])["features"],
+                          decoder.decode_batch(rows[2:])["features"]])
+    np.testing.assert_array_equal(got, want)
+    file = tmp_path / "a.csv"
+    file.write_bytes(data)
+    batches = list(Dataset([str(file), str(file)], "csv", decoder=make_csv(path, header=True)).batch(3))
+    np.testing.assert_array_equal(np.concatenate([b["features"] for b in batches]),
+                                  np.concatenate([want, want]))
+
+
+def test_repeated_header_in_one_stream_is_dropped_only_where_it_cannot_be_data(path):
+    # files concatenated into one stream (SageMaker Pipe mode): a header that names columns
+    # cannot be a float row, so where it comes again it is a file's header
+    named = b"a,b\n1,2\n" * 3
+    out = make_csv(path, header=True).decode_batch(rows_of(named))
+    np.testing.assert_array_equal(out["features"], [[1, 2]] * 3)
+    # A numeric header repeated without a mark is data, as pandas reads the same bytes.
+    numeric = pandas_csv([[5, 6, 7]]) * 2
+    want = pd.read_csv(io.BytesIO(numeric)).to_numpy()
+    np.testing.assert_array_equal(make_csv(path, header=True).decode_batch(rows_of(numeric))["features"], want)
+    # A BOM marks the start of each file written with encoding="utf-8-sig": dropped there.
+    marked = (b"\xef\xbb\xbf" + pandas_csv([[0, 1, 2], [5, 6, 7]])) * 2
+    out = make_csv(path, header=True).decode_batch(rows_of(marked))
+    np.testing.assert_array_equal(out["features"], [[0, 1, 2], [5, 6, 7]] * 2)
+
+
+def test_a_bom_in_only_one_file_does_not_make_the_headers_differ(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_bytes(b"\xef\xbb\xbfx,y\r\n1,2\r\n")  # Excel's "CSV UTF-8"
+    b.write_bytes(b"x,y\n3,4\n")
+    for order in ([a, b], [b, a]):
+        batches = list(Dataset([str(p) for p in order], "csv",
+                               decoder=Csv(header=True, as_columns=True)).batch(4))
+        assert sorted(np.concatenate([batch["x"] for batch in batches]).tolist()) == [1, 3]
+
+
+FULL_WIDTH = "１２".encode()  # U+FF11 U+FF12
+
+
+@pytest.mark.parametrize("batch, index", [
+    ([FULL_WIDTH + b",3"], 0),
+    ([b"1,2", FULL_WIDTH + b",3"], 1),  # an otherwise plain batch (C kernel, loadtxt)
+    ([b'"1",2', FULL_WIDTH + b",3"], 1),  # a quoted batch (csv module, Python's float())
+    ([b"1,x y", FULL_WIDTH + b",3"], 1),
+])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_a_full_width_number_fails_alike_in_every_batch(path, batch, index, dtype):
+    # np.loadtxt and pandas' C parser do not read "１２" as a number (pandas keeps it as text);
+    # Python's float() does. Numbers are ASCII here, whatever else is in the batch.
+    assert not pd.api.types.is_numeric_dtype(pd.read_csv(io.BytesIO("a\n１２\n".encode()))["a"])
+    with pytest.raises(ValueError):
+        np.loadtxt(["１２"], dtype=np.float64)
+    with pytest.raises(DecodeError, match="not a valid") as info:
+        make_csv(path, dtype=dtype).decode_batch(batch, first_index=10)
+    assert (info.value.record_index, info.value.field) == (10 + index, "c0")
+    # as text it is kept as written
+    out = make_csv(path, as_columns=True, dtype={0: "str", 1: "str"}).decode_batch(batch)
+    assert out["c0"].tolist()[index] == "１２"
+
+
+@pytest.mark.parametrize("value", ["١", "1_0", "\u00a01", "٣.٥"])
+def test_other_numbers_that_only_python_float_reads_fail_alike(path, value):
+    for batch in ([value.encode()], [b'"1"', value.encode()]):
+        with pytest.raises(DecodeError, match="not a valid"):
+            make_csv(path).decode_batch(batch)
+
+
+def test_fields_over_the_csv_modules_field_size_limit(path):
+    limit = _csv_module.field_size_limit()
+    long_text = "x, \"y\"\n" * (limit // 7 + 10)  # quoted: commas, quotes and line breaks
+    quoted = '"' + long_text.replace('"', '""') + '"'
+    plain = "z" * (limit + 1)
+    data = f"id,text,other\n1,{quoted},{plain}\n2,short,{plain}\n".encode()
+    rows = rows_of(data)
+    assert len(rows) == 3
+    out = make_csv(path, header=True, as_columns=True, dtype={"text": "str", "other": "str"},
+                   label_column="id").decode_batch(rows)
+    assert out["text"].tolist() == [long_text, "short"]
+    assert out["other"].tolist() == [plain, plain]
+    np.testing.assert_array_equal(out["label"], [1, 2])
+    assert _csv_module.field_size_limit() == limit  # the user's process setting is untouched
+    want = pd.read_csv(io.BytesIO(data), dtype=str)
+    assert want["text"].tolist() == out["text"].tolist()
+    # a long row that is not valid CSV is still named
+    bad = rows[1].replace(b'"x,', b'"x"q', 1)
+    with pytest.raises(DecodeError, match="not valid CSV") as info:
+        Csv(as_columns=True, dtype="str").decode_batch([rows[2], bad], first_index=5)
+    assert info.value.record_index == 6
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet='ab,"\r\n ', max_size=30), st.sampled_from(['"', None]))
+def test_long_row_splitter_equals_the_csv_module(text, quotechar):
+    decoder = Csv(quotechar=quotechar)
+    try:
+        want = list(_csv_module.reader([text], **decoder._csv_options))
+    except _csv_module.Error:
+        want = None
+    try:
+        got = [decoder._split_long_row(text)]
+    except _csv_module.Error:
+        got = None
+    if want is not None and len(want) == 1 and not any(c in text for c in "\r\n"):
+        assert got == want
+    elif want is None:
+        assert got is None
+
+
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # one path per test
+@given(st.lists(st.sampled_from([b"1,2", b"\r", b"\r\r", b"", b" ", b"3.5e38,1", b'"3.5e38",1',
+                                 b"1e400,-1e400", b"nan,inf", b"\t,\t", b"a,b", b"\n", b"1,2\n3,4",
+                                 "１２,3".encode(), b"\xff,1", b"99999999999999999999,1"]),
+                min_size=1, max_size=6),
+       st.sampled_from(["float32", "float64", "int64", "int8", "bool", {0: "str"}]))
+def test_decoding_emits_no_warning(path, rows, dtype):
+    # numpy's "loadtxt: input contained no data" and "overflow encountered in cast" used to leak
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for header in (False, True):
+            try:
+                make_csv(path, header=header, dtype=dtype,
+                         as_columns=isinstance(dtype, dict)).decode_batch(rows)
+            except DecodeError:
+                pass
+
+
+def test_csv_through_a_dataset_emits_no_warning(tmp_path):
+    file = tmp_path / "w.csv"
+    file.write_bytes(b"a,b\n1,2\r\r\n\r  \n3.5e38,4\n" + b"5,6\n" * 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batches = list(Dataset(str(file), "csv", decoder=Csv(header=True)).batch(7))
+    assert sum(len(b["features"]) for b in batches) == 102
+
+
+def test_a_dataset_frames_with_the_decoders_delimiter(tmp_path):
+    # a quote opens a quoted field only after the delimiter, so the framer must know it
+    file = tmp_path / "semi.csv"
+    file.write_bytes(b'id;note\n1;"two\nlines; and ""quotes"""\n2;5 ft 3"\n')
+    decoder = Csv(header=True, delimiter=";", as_columns=True, dtype={"note": "str"})
+    ds = Dataset(str(file), "csv", decoder=decoder)
+    assert ds.reader_options == {"delimiter": ";"}
+    (batch,) = list(ds.batch(8))
+    assert batch["note"].tolist() == ['two\nlines; and "quotes"', '5 ft 3"']
+    np.testing.assert_array_equal(batch["id"], [1, 2])
+    want = pd.read_csv(io.BytesIO(file.read_bytes()), sep=";")
+    assert want["note"].tolist() == batch["note"].tolist()
+    # options given to the Dataset win; a decoder with default options adds none
+    assert Dataset(str(file), "csv", decoder=decoder, delimiter=",").reader_options == {"delimiter": ","}
+    assert Dataset(str(file), "csv", decoder=Csv()).reader_options == {}

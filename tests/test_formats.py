@@ -100,7 +100,8 @@ def test_csv_rows_survive_any_chunking(rows, crlf, trailing, data):
     text = eol.join(rows) + (eol if trailing and rows else "")
     stream = text.encode()
     out, _ = frame_all("csv", stream, data.draw(cuts_for(stream)))
-    assert out == [r.encode() for r in rows]
+    # rows of only spaces are skipped, as pandas skips blank lines
+    assert out == [r.encode() for r in rows if r.strip(" ")]
 
 
 @settings(deadline=None)

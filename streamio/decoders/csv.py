@@ -89,13 +89,23 @@ class Csv:
       ``{column name or index: dtype}`` (unlisted columns: ``"float32"``); ``"str"`` columns give
       object arrays of ``str``, ``"bytes"`` of the raw ``bytes``.
     * ``columns``: the columns to keep (indices or header names), in output order; default all.
-    * ``header=True``: the first row names the columns. Rows equal to it later in the stream are
-      dropped (SageMaker Pipe mode concatenates files, so each file's header arrives as a row).
-      The header is taken from the first row this decoder sees: ``fresh()`` gives a decoder for a
-      new stream (a new epoch starts with a header again).
+    * ``header=True``: the first row names the columns. SageMaker Pipe mode concatenates files,
+      so each file's header arrives as a row; a row equal to the header is dropped where it
+      cannot be a data row (its values do not parse as the columns' dtypes) or where it starts
+      with a BOM (a file's start). Otherwise it is data: pandas writes the header ``0,1,2`` for
+      a plain array, and rows ``0,1,2`` under it are rows. (A :class:`~streamio.Dataset` reads
+      each source's first row as its header itself.) The header is taken from the first row
+      this decoder sees: ``fresh()`` gives a decoder for a new stream (a new epoch starts with
+      a header again).
     * A UTF-8 byte-order mark at the start of a row is dropped; ``encoding`` decodes header and
       ``str`` columns (it must be ASCII-compatible, as the row framing is byte-based).
     * ``na_values``: strings that mean "missing": NaN in float columns, an error in integer ones.
+    * Numbers are ASCII, as ``np.loadtxt`` and pandas read them (spaces around them allowed):
+      ``"１２"`` (full-width), ``"١"`` or ``"1_0"``, which Python's ``float()`` would read, are a
+      :class:`~streamio.errors.DecodeError` whatever else is in the batch; as ``"str"`` columns
+      they are kept as written. A number beyond float32's range is ``inf``.
+    * Fields of any length up to the framer's ``max_record_size`` (the csv module's
+      ``field_size_limit()`` is neither needed nor changed).
 
     A value that does not parse, or a row with the wrong number of fields, raises
     :class:`~streamio.errors.DecodeError` naming the record and the column.
@@ -185,6 +195,9 @@ class Csv:
         """Forget the header and column plan: the next row starts a new stream."""
         self._names: Optional[List[str]] = None
         self._header_row: Optional[bytes] = None
+        # Whether the header row would decode as a data row (None: not known yet). If it would,
+        # a row equal to it later in the stream is data, unless a BOM marks a file's start.
+        self._header_is_data: Optional[bool] = None
         self._plan: Optional[_Plan] = None
 
     def fresh(self) -> "Csv":
@@ -213,10 +226,12 @@ class Csv:
         plan = self._plan
         if (_c_parse_csv_floats is not None and plan is not None and plan.fast and self._fast_ok
                 and plan.fast_dtype in (np.float32, np.float64)
-                and (self._header_row is None or self._header_row not in records)):
+                and (self._header_row is None or self._header_is_data
+                     or self._header_row not in records)):
             # Rows that are all plain decimal numbers (no quote, CR, BOM, blank or missing value:
             # any of those makes the kernel return None) need no joining or cleaning: parse
-            # them at once, as np.loadtxt would. A repeated header is dropped by the path below.
+            # them at once, as np.loadtxt would. A repeated header that cannot be data is
+            # dropped by the path below.
             ncols = len(plan.names)
             table = _c_parse_csv_floats(records, ncols, self._delimiter_byte,
                                         None if len(plan.used) == ncols else plan.used,
@@ -227,7 +242,10 @@ class Csv:
         rows = list(records)
         positions: Optional[np.ndarray] = None  # batch row -> index in records, once rows are dropped
         joined = b"\n".join(rows)
+        bom: Optional[List[bool]] = None  # which rows began with a BOM (a file's first row)
         if _BOM in joined or b"\r" in joined:
+            if _BOM in joined:
+                bom = [row.startswith(_BOM) for row in rows]
             rows = [_clean(row) for row in rows]
             joined = b"\n".join(rows)
         if self.header:
@@ -236,10 +254,20 @@ class Csv:
                     return {}
                 self._take_header(rows[0], where)
                 rows = rows[1:]
+                bom = bom[1:] if bom is not None else None
                 positions = np.arange(1, len(records))
                 joined = b"\n".join(rows)
-            if self._header_row in joined:  # a repeated header (concatenated files): drop it
-                keep = [row != self._header_row for row in rows]
+            if rows and self._header_row in joined:
+                # A row equal to the header is a repeated header (files concatenated into one
+                # stream, as SageMaker Pipe mode does) only where it cannot be a data row, or
+                # where a BOM shows that a file starts there. pandas writes the header "0,1,2"
+                # above data rows that may read "0,1,2": those are data.
+                header = self._header_row
+                if self._header_may_be_data(where, positions):
+                    keep = [row != header or not (bom is not None and bom[k])
+                            for k, row in enumerate(rows)]
+                else:
+                    keep = [row != header for row in rows]
                 if not all(keep):
                     base = positions if positions is not None else np.arange(len(rows))
                     positions = base[np.array(keep, dtype=bool)]
@@ -263,6 +291,21 @@ class Csv:
             if result is not None:
                 return result
         return self._general(rows, plan, where, positions, quoted)
+
+    def _header_may_be_data(self, where: _Where, positions: Optional[np.ndarray]) -> bool:
+        """Whether the header row decodes as a data row (its values parse as the columns')."""
+        if self._header_is_data is None:
+            if self._plan is None:
+                self._plan = self._make_plan(where, positions)
+            header = self._header_row
+            quoted = self._quote_byte is not None and self._quote_byte in header
+            try:
+                self._general([header], self._plan, _Where(None, 0), None, quoted)
+            except DecodeError:
+                self._header_is_data = False
+            else:
+                self._header_is_data = True
+        return self._header_is_data
 
     def _take_header(self, row: bytes, where: _Where) -> None:
         fields = self._split_rows([row], where, None)[0]
@@ -322,6 +365,11 @@ class Csv:
         """numpy's C parser over a whole unquoted batch; None if it cannot take it as it is."""
         ncols = len(plan.names)
         every_column = len(plan.used) == ncols
+        # numpy's parser reads non-ASCII text (a full-width digit, a no-break space) as Python's
+        # float() does, and ends lines at CR; numbers here are ASCII, and a row that would come
+        # out as no line at all makes loadtxt warn "input contained no data".
+        if not joined.isascii() or b"\r" in joined or joined.count(b"\n") != len(rows) - 1:
+            return None
         # With usecols, loadtxt does not check that rows agree on their number of fields.
         if not every_column and not _fields_per_row_ok(joined, self._delimiter_byte, len(rows), ncols):
             return None
@@ -368,16 +416,26 @@ class Csv:
                 texts.append(row.decode(self.encoding))
             except UnicodeDecodeError as exc:
                 raise self._undecodable(row, exc, where, _row_index(positions, k)) from None
+        # The csv module refuses fields over its process-wide field_size_limit() (131,072
+        # characters by default); raising it would change it for the user's whole process, so
+        # rows long enough to hold such a field are split by _split_long_row instead.
+        long = _csv.field_size_limit()
         try:
+            if max(map(len, texts), default=0) > long:
+                raise _csv.Error("a long row")
             parsed = list(_csv.reader(texts, **self._csv_options))
         except _csv.Error:
             parsed = None
         if parsed is None or len(parsed) != len(texts):
-            # A row the csv module could not keep to itself (a quote left open): find it.
+            # A row the csv module could not keep to itself (a quote left open), or a long
+            # one: row by row, to name a bad row.
             parsed = []
             for k, text in enumerate(texts):
                 try:
-                    fields = list(_csv.reader([text], **self._csv_options))
+                    if len(text) > long:
+                        fields = [self._split_long_row(text)]
+                    else:
+                        fields = list(_csv.reader([text], **self._csv_options))
                 except _csv.Error as exc:
                     reason = ("a quoted field is not closed" if "end of data" in str(exc) else str(exc))
                     raise where.error(f"row is not valid CSV: {reason}", _row_index(positions, k),
@@ -388,11 +446,54 @@ class Csv:
                 parsed.append(fields[0])
         return parsed
 
+    def _split_long_row(self, text: str) -> List[str]:
+        """One row's fields as the csv module splits them (strict RFC 4180 quoting: a quote
+        opens a field only at its start; after the closing quote, a delimiter or the end),
+        for rows too long for its field_size_limit(). ``str.find`` does the scanning."""
+        delimiter, quote = self.delimiter, self.quotechar
+        fields: List[str] = []
+        pos, n = 0, len(text)
+        if not n:
+            return fields  # the csv module: an empty line has no fields
+        while True:
+            if quote is not None and text.startswith(quote, pos):
+                parts, p = [], pos + 1
+                while True:
+                    close = text.find(quote, p)
+                    if close < 0:
+                        raise _csv.Error("unexpected end of data")
+                    parts.append(text[p:close])
+                    if text.startswith(quote, close + 1):  # a doubled quote
+                        parts.append(quote)
+                        p = close + 2
+                        continue
+                    p = close + 1
+                    break
+                if p < n and text[p] != delimiter:
+                    raise _csv.Error(f"'{delimiter}' expected after '{quote}'")
+                fields.append("".join(parts))
+                if p >= n:
+                    return fields
+                pos = p + 1
+                continue
+            end = text.find(delimiter, pos)
+            field = text[pos:] if end < 0 else text[pos:end]
+            if "\n" in field or "\r" in field:
+                raise _csv.Error("new-line character seen in unquoted field")
+            fields.append(field)
+            if end < 0:
+                return fields
+            pos = end + 1
+
     def _undecodable(self, row: bytes, exc: UnicodeDecodeError, where: _Where, index: Optional[int]
                      ) -> DecodeError:
         # Latin-1 never fails and keeps byte offsets: split with it to name the column.
+        text = row.decode("latin-1")
         try:
-            fields = next(_csv.reader([row.decode("latin-1")], **self._csv_options), [])
+            if len(text) > _csv.field_size_limit():
+                fields = self._split_long_row(text)
+            else:
+                fields = next(_csv.reader([text], **self._csv_options), [])
         except _csv.Error:
             fields = []
         field = None
@@ -459,6 +560,13 @@ class Csv:
             row, col = divmod(flat_index, len(names)) if column.ndim == 2 else (flat_index, 0)
             return where.error(message, _row_index(positions, row), names[col])
 
+        if target.kind in "iuf":
+            bad = _first_non_number_text(column)
+            if bad >= 0:
+                value = column.ravel()[bad].item()
+                raise fail(f"{self._text(value)!r} is not a valid {dtype} value in column"
+                           f" {names[bad % len(names)]!r} (numbers are ASCII, as numpy and pandas"
+                           " read them)", bad)
         if na:
             missing = np.isin(column, list(na))
             if missing.any():
@@ -472,7 +580,10 @@ class Csv:
         try:
             if target.kind == "b":
                 return _to_bool(column)
-            return column.astype(target)
+            # A number beyond float32's range is inf, as in np.loadtxt and the C kernel, with
+            # no "overflow encountered in cast" warning (np.errstate is thread-local).
+            with np.errstate(over="ignore", invalid="ignore"):
+                return column.astype(target)
         except (ValueError, OverflowError, UnicodeError):
             pass
         # Find the first value that does not convert, for the message.
@@ -481,7 +592,8 @@ class Csv:
                 if target.kind == "b":
                     _to_bool(np.array([value]))
                 else:
-                    np.array([value]).astype(target)
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        np.array([value]).astype(target)
             except (ValueError, OverflowError, UnicodeError):
                 raise fail(f"{self._text(value)!r} is not a valid {dtype} value in column"
                            f" {names[k % len(names)]!r}", k) from None
@@ -519,6 +631,19 @@ def _fields_per_row_ok(joined: bytes, delimiter: bytes, nrows: int, ncols: int) 
     starts = np.concatenate(([0], breaks + 1))
     ends = np.concatenate((breaks, [len(data)]))
     return bool(((seen[ends] - seen[starts]) == ncols - 1).all())
+
+
+def _first_non_number_text(column: np.ndarray) -> int:
+    """Index (in ``column.ravel()``) of the first value that holds a non-ASCII character or an
+    underscore, or -1. Python's ``float()`` (which numpy's ``astype`` uses on text) reads
+    ``"１２"``, ``"١"`` and ``"1_0"``; ``np.loadtxt``, pandas and the C kernel do not: a number is
+    ASCII, whichever path its batch takes."""
+    flat = np.ascontiguousarray(column.ravel())
+    if not flat.size or flat.dtype.kind not in "SU" or not flat.dtype.itemsize:
+        return -1
+    codes = flat.view(np.uint32 if flat.dtype.kind == "U" else np.uint8).reshape(flat.size, -1)
+    bad = ((codes > 127) | (codes == ord("_"))).any(axis=1)
+    return int(np.argmax(bad)) if bad.any() else -1
 
 
 _TRUE = frozenset(["1", "true", "True", "TRUE", b"1", b"true", b"True", b"TRUE"])

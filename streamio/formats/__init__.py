@@ -35,19 +35,21 @@ def _recordio(*, verify, on_error, max_record_size, source, multipart):
                           max_record_size=max_record_size, source=source)
 
 
-def _csv(*, verify, on_error, max_record_size, source, multipart, quotechar='"'):
-    return TextRowFramer(quotechar=quotechar, keep_blank=False, on_error=on_error,
-                         max_record_size=max_record_size, source=source)
+def _csv(*, verify, on_error, max_record_size, source, multipart, quotechar='"', delimiter=","):
+    return TextRowFramer(quotechar=quotechar, delimiter=delimiter, keep_blank=False,
+                         csv_rows=True, on_error=on_error, max_record_size=max_record_size,
+                         source=source)
 
 
 def _lines(*, verify, on_error, max_record_size, source, multipart):
-    return TextRowFramer(quotechar=None, keep_blank=True, on_error=on_error,
+    return TextRowFramer(quotechar=None, keep_blank=True, csv_rows=False, on_error=on_error,
                          max_record_size=max_record_size, source=source)
 
 
 register_format("tfrecord", _tfrecord)
 register_format("recordio", _recordio)
-register_format("csv", _csv, frozenset({"quotechar"}))
+# The delimiter matters to framing: a quote opens a quoted field only at the start of a field.
+register_format("csv", _csv, frozenset({"quotechar", "delimiter"}))
 register_format("lines", _lines)
 
 

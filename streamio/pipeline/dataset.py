@@ -141,6 +141,17 @@ def _stage_call(stage: Any) -> str:
     return f".{type(stage).__name__.lstrip('_').lower()}(...)"  # a stage added later
 
 
+def _csv_framing(format: str, decoder: Any, options: dict) -> dict:
+    """The reader options, with a CSV decoder's delimiter and quotechar unless given: the
+    framer needs them too (a quote opens a quoted field only at the start of a field)."""
+    if format != "csv" or not isinstance(getattr(decoder, "delimiter", None), str):
+        return options
+    wanted = {"delimiter": decoder.delimiter, "quotechar": getattr(decoder, "quotechar", '"')}
+    defaults = {"delimiter": ",", "quotechar": '"'}
+    extra = {k: v for k, v in wanted.items() if k not in options and v != defaults[k]}
+    return {**options, **extra} if extra else options
+
+
 # -- the Dataset ----------------------------------------------------------------------------------
 class Dataset:
     """A re-iterable description of a stream pipeline: each ``iter()`` is one epoch.
@@ -177,6 +188,7 @@ class Dataset:
         sources = expand_sources(source_or_list)
         for source in sources:
             check_source(source)
+        reader_options = _csv_framing(format, decoder, reader_options)
         # A RecordReader checks the format, its options and their values when it is built, and
         # opens nothing until it is iterated: build one now so mistakes surface here.
         RecordReader(sources[0], format, **reader_options)
@@ -546,6 +558,8 @@ class _EpochRun:
 
     def use_header(self, header: bytes, source: str) -> None:
         """Prime the epoch's decoder with the first header; later streams must repeat it."""
+        if header.startswith(b"\xef\xbb\xbf"):  # a UTF-8 BOM is no part of the header
+            header = header[3:]
         if self.header is None:
             self.header = header
             self.header_source = source
