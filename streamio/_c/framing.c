@@ -1,0 +1,262 @@
+/* Framing scans: scan_tfrecords and scan_recordio (see streamio/formats/_framing.py). */
+#include "speedups.h"
+
+/* Frames located per batch before their payload CRCs are checked and their bytes copied. */
+#define SCAN_BATCH 256
+
+/* ---------------------------------------------------------------------------------------------
+ * Argument helpers
+ * ------------------------------------------------------------------------------------------- */
+
+/* The framers pass a Python int max_record_size; keep its exact meaning for any value. */
+typedef struct {
+    int all_too_large; /* a negative limit: every length exceeds it */
+    uint64_t limit;
+} size_limit;
+
+static int parse_limit(PyObject *obj, size_limit *out)
+{
+    int overflow = 0;
+    long long value;
+    if (!PyLong_Check(obj)) {
+        PyObject *index = PyNumber_Index(obj);
+        if (index == NULL)
+            return -1;
+        value = PyLong_AsLongLongAndOverflow(index, &overflow);
+        Py_DECREF(index);
+    } else {
+        value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    }
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    out->all_too_large = overflow < 0 || (overflow == 0 && value < 0);
+    out->limit = overflow > 0 ? UINT64_MAX : (value < 0 ? 0 : (uint64_t)value);
+    return 0;
+}
+
+static inline int too_large(const size_limit *lim, uint64_t length)
+{
+    return lim->all_too_large || length > lim->limit;
+}
+
+/* Check pos/end against the buffer: the kernels read buf[pos:end] and nothing else. */
+static int check_range(Py_ssize_t pos, Py_ssize_t end, Py_ssize_t len)
+{
+    if (pos < 0) {
+        PyErr_Format(PyExc_ValueError, "pos must be >= 0, not %zd", pos);
+        return -1;
+    }
+    if (end > len) {
+        PyErr_Format(PyExc_ValueError, "end %zd is past the end of the buffer (%zd bytes)", end, len);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * scan_tfrecords
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    Py_ssize_t start; /* payload start */
+    Py_ssize_t length;
+} frame_span;
+
+PyDoc_STRVAR(scan_tfrecords_doc,
+"scan_tfrecords(buf, pos, end, verify, max_record_size, out) -> (pos, status)\n\n"
+"Frame whole TFRecords from buf[pos:end], appending each payload (bytes) to the list out.\n"
+"Same results as streamio.formats.tfrecord.scan_tfrecords (the reference).");
+
+static PyObject *py_scan_tfrecords(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buf", "pos", "end", "verify", "max_record_size", "out", NULL};
+    PyObject *bufobj, *verify_obj, *limit_obj, *out;
+    Py_ssize_t pos, end;
+    Py_buffer view;
+    size_limit lim;
+    frame_span spans[SCAN_BATCH];
+    PyObject *records[SCAN_BATCH];
+    int status = ST_OK, verify;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOOO:scan_tfrecords", kwlist, &bufobj, &pos,
+                                     &end, &verify_obj, &limit_obj, &out))
+        return NULL;
+    if (!PyList_Check(out)) {
+        PyErr_Format(PyExc_TypeError, "out must be a list, not %.100s", Py_TYPE(out)->tp_name);
+        return NULL;
+    }
+    verify = PyObject_IsTrue(verify_obj);
+    if (verify < 0 || parse_limit(limit_obj, &lim) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(bufobj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (check_range(pos, end, view.len) < 0)
+        goto fail;
+
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    for (;;) {
+        /* Pass 1: locate up to SCAN_BATCH whole frames, checking headers in the reference's
+         * order (length CRC, size limit, wholeness). */
+        int n = 0, stopped = 0;
+        Py_ssize_t p = pos, payload = 0;
+        while (n < SCAN_BATCH && end - p >= TFRECORD_HEADER) {
+            uint64_t length = load_le64(buf + p);
+            if (verify && masked_crc(buf + p, 8) != load_le32(buf + p + 8)) {
+                status = ST_BAD_HEADER;
+                stopped = 1;
+                break;
+            }
+            if (too_large(&lim, length)) {
+                status = ST_TOO_LARGE;
+                stopped = 1;
+                break;
+            }
+            Py_ssize_t start = p + TFRECORD_HEADER;
+            /* stop + FOOTER > end, written so that a huge length cannot overflow */
+            if (length > (uint64_t)(end - start) || (uint64_t)(end - start) - length < TFRECORD_FOOTER) {
+                status = ST_OK;
+                stopped = 1;
+                break;
+            }
+            spans[n].start = start;
+            spans[n].length = (Py_ssize_t)length;
+            payload += (Py_ssize_t)length;
+            n++;
+            p = start + (Py_ssize_t)length + TFRECORD_FOOTER;
+        }
+        if (n < SCAN_BATCH && !stopped)
+            status = ST_OK; /* fewer than HEADER bytes left */
+
+        /* Pass 2: a bytes object for each payload (allocating needs the GIL). */
+        for (int i = 0; i < n; i++) {
+            records[i] = PyBytes_FromStringAndSize(NULL, spans[i].length);
+            if (records[i] == NULL) {
+                for (int k = 0; k < i; k++)
+                    Py_DECREF(records[k]);
+                goto fail;
+            }
+        }
+        /* Pass 3: copy each payload into its bytes object, checking its CRC in the same pass
+         * over the source; the first mismatch ends the scan there (it precedes any header fault
+         * found further on, as in the reference). Large batches run without the GIL. */
+        int good = n;
+        {
+            PyThreadState *saved = payload >= GIL_RELEASE_BYTES ? PyEval_SaveThread() : NULL;
+            for (int i = 0; i < n; i++) {
+                const unsigned char *data = buf + spans[i].start;
+                unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(records[i]);
+                if (!verify) {
+                    memcpy(dst, data, (size_t)spans[i].length);
+                    continue;
+                }
+                uint32_t crc = crc32c_copy(0, dst, data, (size_t)spans[i].length);
+                if (mask_crc(crc) != load_le32(data + spans[i].length)) {
+                    good = i;
+                    break;
+                }
+            }
+            if (saved != NULL)
+                PyEval_RestoreThread(saved);
+        }
+        /* Pass 4: hand out the good records; drop the rest. */
+        int failed = 0;
+        for (int i = 0; i < n; i++) {
+            if (i < good && !failed && PyList_Append(out, records[i]) < 0)
+                failed = 1;
+            Py_DECREF(records[i]);
+        }
+        if (failed)
+            goto fail;
+        if (good < n) {
+            pos = spans[good].start - TFRECORD_HEADER;
+            status = ST_BAD_DATA;
+            break;
+        }
+        pos = p;
+        if (n < SCAN_BATCH || stopped)
+            break;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(ni)", pos, status);
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * scan_recordio
+ * ------------------------------------------------------------------------------------------- */
+
+PyDoc_STRVAR(scan_recordio_doc,
+"scan_recordio(buf, pos, end, max_record_size, out) -> (pos, status)\n\n"
+"Frame whole cflag-0 RecordIO records from buf[pos:end] into the list out.\n"
+"Same results as streamio.formats.recordio.scan_recordio (the reference).");
+
+static PyObject *py_scan_recordio(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buf", "pos", "end", "max_record_size", "out", NULL};
+    PyObject *bufobj, *limit_obj, *out;
+    Py_ssize_t pos, end;
+    Py_buffer view;
+    size_limit lim;
+    int status = ST_OK;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOO:scan_recordio", kwlist, &bufobj, &pos,
+                                     &end, &limit_obj, &out))
+        return NULL;
+    if (!PyList_Check(out)) {
+        PyErr_Format(PyExc_TypeError, "out must be a list, not %.100s", Py_TYPE(out)->tp_name);
+        return NULL;
+    }
+    if (parse_limit(limit_obj, &lim) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(bufobj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (check_range(pos, end, view.len) < 0)
+        goto fail;
+
+    /* RecordIO: u32 magic | u32 lrec (cflag << 29 | length) | payload | zero pad to 4 bytes */
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    while (end - pos >= RECORDIO_HEADER) {
+        uint32_t magic = load_le32(buf + pos), lrec = load_le32(buf + pos + 4);
+        if (magic != RECORDIO_MAGIC) {
+            status = ST_BAD_HEADER;
+            break;
+        }
+        Py_ssize_t length = (Py_ssize_t)(lrec & RECORDIO_LENGTH_MASK);
+        if (too_large(&lim, (uint64_t)length)) {
+            status = ST_TOO_LARGE;
+            break;
+        }
+        Py_ssize_t stop = pos + RECORDIO_HEADER + length, pad = (-length) & 3;
+        if (stop + pad > end) {
+            status = ST_OK;
+            break;
+        }
+        if (lrec >> 29) {
+            status = ST_SPECIAL;
+            break;
+        }
+        PyObject *rec = PyBytes_FromStringAndSize((const char *)buf + pos + RECORDIO_HEADER, length);
+        if (rec == NULL)
+            goto fail;
+        int rc = PyList_Append(out, rec);
+        Py_DECREF(rec);
+        if (rc < 0)
+            goto fail;
+        pos = stop + pad;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(ni)", pos, status);
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+PyMethodDef framing_methods[] = {
+    {"scan_tfrecords", (PyCFunction)(void (*)(void))py_scan_tfrecords, METH_VARARGS | METH_KEYWORDS,
+     scan_tfrecords_doc},
+    {"scan_recordio", (PyCFunction)(void (*)(void))py_scan_recordio, METH_VARARGS | METH_KEYWORDS,
+     scan_recordio_doc},
+    {NULL, NULL, 0, NULL},
+};
