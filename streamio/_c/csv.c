@@ -122,29 +122,35 @@ static PyObject *py_parse_csv_floats(PyObject *self, PyObject *args, PyObject *k
         PyErr_SetString(PyExc_ValueError, "ncols must not be negative");
         goto done;
     }
+    /* The rows in a tuple of our own, taken before any call that can run Python code (usecols'
+     * __index__): the bytes objects it holds stay alive (and immutable) while we read them, with
+     * or without the GIL, whatever the caller's list goes through. */
+    seq = PySequence_Tuple(rows);
+    if (seq == NULL)
+        goto done;
+    Py_ssize_t nrows = PyTuple_GET_SIZE(seq), ncells;
     if (ncols == 0) { /* rows of no fields: nothing this kernel can say */
         result = Py_None;
         Py_INCREF(result);
         goto done;
     }
-    slot = PyMem_Malloc(ncols * sizeof(Py_ssize_t));
-    if (slot == NULL) {
-        PyErr_NoMemory();
+    slot = alloc_items(ncols, sizeof(Py_ssize_t)); /* ncols is the caller's: checked */
+    if (slot == NULL)
         goto done;
-    }
     if (usecols_obj == Py_None) {
         for (Py_ssize_t c = 0; c < ncols; c++)
             slot[c] = c;
         nout = ncols;
     } else {
-        PyObject *cols = PySequence_Fast(usecols_obj, "usecols must be a sequence of ints");
+        /* A tuple of our own: an item's __index__ may change the caller's list meanwhile. */
+        PyObject *cols = PySequence_Tuple(usecols_obj);
         if (cols == NULL)
             goto done;
-        nout = PySequence_Fast_GET_SIZE(cols);
+        nout = PyTuple_GET_SIZE(cols);
         for (Py_ssize_t c = 0; c < ncols; c++)
             slot[c] = -1;
         for (Py_ssize_t k = 0; k < nout; k++) {
-            Py_ssize_t c = PyNumber_AsSsize_t(PySequence_Fast_GET_ITEM(cols, k), PyExc_OverflowError);
+            Py_ssize_t c = PyNumber_AsSsize_t(PyTuple_GET_ITEM(cols, k), PyExc_OverflowError);
             if (c == -1 && PyErr_Occurred()) {
                 Py_DECREF(cols);
                 goto done;
@@ -158,18 +164,12 @@ static PyObject *py_parse_csv_floats(PyObject *self, PyObject *args, PyObject *k
         }
         Py_DECREF(cols);
     }
-    seq = PySequence_Fast(rows, "rows must be a sequence of bytes");
-    if (seq == NULL)
+    data = alloc_items(nrows, sizeof(*data));
+    lens = data ? alloc_items(nrows, sizeof(*lens)) : NULL;
+    if (lens == NULL)
         goto done;
-    Py_ssize_t nrows = PySequence_Fast_GET_SIZE(seq);
-    data = PyMem_Malloc((nrows ? nrows : 1) * sizeof(*data));
-    lens = PyMem_Malloc((nrows ? nrows : 1) * sizeof(*lens));
-    if (data == NULL || lens == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     for (Py_ssize_t r = 0; r < nrows; r++) {
-        PyObject *row = PySequence_Fast_GET_ITEM(seq, r);
+        PyObject *row = PyTuple_GET_ITEM(seq, r);
         if (!PyBytes_Check(row)) { /* other bytes-likes: the caller's general path takes them */
             result = Py_None;
             Py_INCREF(result);
@@ -179,19 +179,15 @@ static PyObject *py_parse_csv_floats(PyObject *self, PyObject *args, PyObject *k
         lens[r] = PyBytes_GET_SIZE(row);
     }
     int width = want_double ? 8 : 4;
-    storage = new_storage(nrows * nout * width, &out);
+    Py_ssize_t nbytes;
+    if (checked_mul(nrows, nout, &ncells) < 0 || checked_mul(ncells, width, &nbytes) < 0)
+        goto done;
+    storage = new_storage(nbytes, &out);
     if (storage == NULL)
         goto done;
 
-    /* The rows are immutable bytes held by ``seq`` (a tuple of our own, so that no other
-     * thread can drop one meanwhile): parse them without the GIL. Numbers that need the
-     * correctly rounding slow path are noted and converted afterwards, with it. */
-    if (PyList_Check(seq)) {
-        PyObject *pinned = PyList_AsTuple(seq);
-        if (pinned == NULL)
-            goto done;
-        Py_SETREF(seq, pinned);
-    }
+    /* Parse the rows (held by ``seq``) without the GIL. Numbers that need the correctly
+     * rounding slow path are noted and converted afterwards, with it. */
     PyThreadState *csv_state = nrows >= GIL_RELEASE_MIN_RECORDS ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t r = 0; r < nrows && verdict != NUM_BAD; r++) {
         const unsigned char *p = data[r], *stop = data[r] + lens[r];
@@ -221,8 +217,9 @@ static PyObject *py_parse_csv_floats(PyObject *self, PyObject *args, PyObject *k
             Py_ssize_t cell = r * nout + slot[c];
             if (kind == NUM_SLOW) {
                 if (nslow == slow_cap) {
-                    Py_ssize_t cap = slow_cap ? 2 * slow_cap : 64;
-                    slow_number *grown = PyMem_RawRealloc(slow, cap * sizeof(slow_number));
+                    Py_ssize_t cap = grown_capacity(slow_cap, sizeof(slow_number), 64);
+                    slow_number *grown =
+                        cap < 0 ? NULL : PyMem_RawRealloc(slow, (size_t)cap * sizeof(slow_number));
                     if (grown == NULL) {
                         verdict = -1;
                         break;

@@ -158,19 +158,20 @@ static void records_release(record_set *rs)
 static int records_acquire(PyObject *records, record_set *rs)
 {
     memset(rs, 0, sizeof(*rs));
-    rs->seq = PySequence_Fast(records, "records must be a sequence of bytes");
+    /* A tuple of our own: the records it holds stay alive whatever happens to the caller's list
+     * (another thread while the GIL is released, or Python code run by a conversion). */
+    rs->seq = PySequence_Tuple(records);
     if (rs->seq == NULL)
         return -1;
-    rs->n = PySequence_Fast_GET_SIZE(rs->seq);
+    rs->n = PyTuple_GET_SIZE(rs->seq);
     Py_ssize_t alloc = rs->n ? rs->n : 1;
-    rs->data = PyMem_Malloc(alloc * sizeof(*rs->data));
-    rs->len = PyMem_Malloc(alloc * sizeof(*rs->len));
-    if (rs->data == NULL || rs->len == NULL) {
-        PyErr_NoMemory();
+    rs->data = alloc_items(alloc, sizeof(*rs->data));
+    rs->len = rs->data ? alloc_items(alloc, sizeof(*rs->len)) : NULL;
+    if (rs->len == NULL) {
         records_release(rs);
         return -1;
     }
-    PyObject **items = PySequence_Fast_ITEMS(rs->seq);
+    PyObject **items = &PyTuple_GET_ITEM(rs->seq, 0);
     for (Py_ssize_t i = 0; i < rs->n; i++) {
         PyObject *rec = items[i];
         if (PyBytes_CheckExact(rec)) {
@@ -192,7 +193,9 @@ static int records_acquire(PyObject *records, record_set *rs)
             return -1;
         }
         rs->has_view[i] = 1;
-        rs->data[i] = (const unsigned char *)rs->views[i].buf;
+        /* an empty buffer may have a NULL base: keep pointer arithmetic on a real address */
+        rs->data[i] = rs->views[i].buf ? (const unsigned char *)rs->views[i].buf
+                                       : (const unsigned char *)"";
         rs->len[i] = rs->views[i].len;
     }
     return 0;
@@ -215,19 +218,6 @@ static inline void prefetch_record(const record_set *rs, Py_ssize_t i)
 #endif
 }
 
-/* Before the GIL is released, hold the records in a tuple of our own: the caller's list could
- * be changed by another thread meanwhile, dropping a bytes object whose buffer we are reading. */
-static int records_pin(record_set *rs)
-{
-    if (!PyList_Check(rs->seq))
-        return 0;
-    PyObject *pinned = PyList_AsTuple(rs->seq);
-    if (pinned == NULL)
-        return -1;
-    Py_SETREF(rs->seq, pinned);
-    return 0;
-}
-
 typedef struct {
     Py_ssize_t rec, start, len;
 } piece;
@@ -240,8 +230,8 @@ typedef struct {
 static int pv_push(piece_vec *v, Py_ssize_t rec, Py_ssize_t start, Py_ssize_t len)
 {
     if (v->n == v->cap) {
-        Py_ssize_t cap = v->cap ? 2 * v->cap : 64;
-        piece *items = PyMem_RawRealloc(v->items, cap * sizeof(piece));
+        Py_ssize_t cap = grown_capacity(v->cap, sizeof(piece), 64);
+        piece *items = cap < 0 ? NULL : PyMem_RawRealloc(v->items, (size_t)cap * sizeof(piece));
         if (items == NULL)
             return -1; /* the caller sets MemoryError once it holds the GIL again */
         v->items = items;
@@ -266,8 +256,8 @@ typedef struct {
 static int sv_push(span_vec *v, Py_ssize_t start, Py_ssize_t stop)
 {
     if (v->n == v->cap) {
-        Py_ssize_t cap = v->cap ? 2 * v->cap : 32;
-        span *items = PyMem_RawRealloc(v->items, cap * sizeof(span));
+        Py_ssize_t cap = grown_capacity(v->cap, sizeof(span), 32);
+        span *items = cap < 0 ? NULL : PyMem_RawRealloc(v->items, (size_t)cap * sizeof(span));
         if (items == NULL)
             return -1; /* the caller sets MemoryError once it holds the GIL again */
         v->items = items;
@@ -283,11 +273,14 @@ static int sv_push(span_vec *v, Py_ssize_t start, Py_ssize_t stop)
 static PyObject *int64_matrix(const int64_t *values, Py_ssize_t rows, Py_ssize_t cols)
 {
     char *data;
-    PyObject *ba = new_storage(rows * cols * 8, &data);
+    Py_ssize_t cells, nbytes;
+    if (checked_mul(rows, cols, &cells) < 0 || checked_mul(cells, 8, &nbytes) < 0)
+        return NULL;
+    PyObject *ba = new_storage(nbytes, &data);
     if (ba == NULL)
         return NULL;
-    if (rows > 0 && cols > 0)
-        memcpy(data, values, (size_t)(rows * cols) * 8);
+    if (nbytes > 0)
+        memcpy(data, values, (size_t)nbytes);
     PyObject *flat = array_from(ba, "=i8");
     Py_DECREF(ba);
     if (flat == NULL)
@@ -351,10 +344,9 @@ static int names_build(name_index *ix, PyObject **keys, Py_ssize_t n)
 {
     memset(ix, 0, sizeof(*ix));
     ix->n = n;
-    ix->ptr = PyMem_Malloc((n ? n : 1) * sizeof(char *));
-    ix->len = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
-    if (ix->ptr == NULL || ix->len == NULL) {
-        PyErr_NoMemory();
+    ix->ptr = alloc_items(n, sizeof(char *));
+    ix->len = ix->ptr ? alloc_items(n, sizeof(Py_ssize_t)) : NULL;
+    if (ix->len == NULL) {
         names_release(ix);
         return -1;
     }
@@ -372,9 +364,8 @@ static int names_build(name_index *ix, PyObject **keys, Py_ssize_t n)
         Py_ssize_t size = 16;
         while (size < 2 * n)
             size *= 2;
-        ix->table = PyMem_Malloc(size * sizeof(Py_ssize_t));
+        ix->table = alloc_items(size, sizeof(Py_ssize_t));
         if (ix->table == NULL) {
-            PyErr_NoMemory();
             names_release(ix);
             return -1;
         }
@@ -460,6 +451,13 @@ typedef struct {
     Py_ssize_t norder;
     span_vec pool;
 } found_set;
+
+/* The value spans of key j (count[j] of them); NULL when there are none, so that an empty pool
+ * (items still NULL) is never offset: NULL + 0 is undefined behaviour in C. */
+static inline const span *found_spans(const found_set *f, Py_ssize_t j)
+{
+    return f->count[j] ? f->pool.items + f->first[j] : NULL;
+}
 
 static int found_init(found_set *f, Py_ssize_t nf)
 {
@@ -663,15 +661,17 @@ static PyObject *bytes_values(const record_set *rs, const piece_vec *v)
 /* varint pieces -> (validated) array of ``dtype`` ("=i8" int64 or "=u8" uint64) */
 static PyObject *varint_values(const record_set *rs, const piece_vec *v, const char *dtype)
 {
-    Py_ssize_t total = varint_total(rs, v);
+    Py_ssize_t total = varint_total(rs, v), nbytes;
     char *data;
-    PyObject *ba = new_storage(total * 8, &data);
+    if (checked_mul(total, 8, &nbytes) < 0)
+        return NULL;
+    PyObject *ba = new_storage(nbytes, &data);
     if (ba == NULL)
         return NULL;
-    uint64_t *out = (uint64_t *)PyMem_Malloc((total ? total : 1) * sizeof(uint64_t));
+    uint64_t *out = alloc_items(total, sizeof(uint64_t));
     if (out == NULL) {
         Py_DECREF(ba);
-        return PyErr_NoMemory();
+        return NULL;
     }
     decode_varint_pieces(rs, v, out);
     memcpy(data, out, (size_t)total * 8);
@@ -804,25 +804,32 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:parse_examples", kwlist, &records,
                                      &names_obj, &kinds_obj))
         return NULL;
-    names_seq = PySequence_Fast(names_obj, "names must be a sequence of bytes");
+    /* Tuples of our own: converting a kind may run Python code (__index__) that changes the
+     * caller's lists; what we read must stay alive regardless. */
+    names_seq = PySequence_Tuple(names_obj);
     if (names_seq == NULL)
         goto done;
-    kinds_seq = PySequence_Fast(kinds_obj, "kinds must be a sequence of ints");
+    kinds_seq = PySequence_Tuple(kinds_obj);
     if (kinds_seq == NULL)
         goto done;
-    nf = PySequence_Fast_GET_SIZE(names_seq);
-    if (PySequence_Fast_GET_SIZE(kinds_seq) != nf) {
+    nf = PyTuple_GET_SIZE(names_seq);
+    if (PyTuple_GET_SIZE(kinds_seq) != nf) {
         PyErr_SetString(PyExc_ValueError, "names and kinds must have the same length");
         goto done;
     }
-    kinds = PyMem_Malloc((nf ? nf : 1) * sizeof(int));
-    pieces = PyMem_Calloc(nf ? nf : 1, sizeof(piece_vec));
-    if (kinds == NULL || pieces == NULL) {
-        PyErr_NoMemory();
+    /* The records too, before any conversion below can run Python code. */
+    if (records_acquire(records, &rs) < 0)
+        goto done;
+    have_rs = 1;
+    kinds = alloc_items(nf, sizeof(int));
+    pieces = kinds ? PyMem_Calloc(nf ? nf : 1, sizeof(piece_vec)) : NULL;
+    if (pieces == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t j = 0; j < nf; j++) {
-        long k = PyLong_AsLong(PySequence_Fast_GET_ITEM(kinds_seq, j));
+        long k = PyLong_AsLong(PyTuple_GET_ITEM(kinds_seq, j));
         if (k == -1 && PyErr_Occurred())
             goto done;
         if (k < KIND_BYTES || k > KIND_INT64) {
@@ -831,27 +838,24 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
         }
         kinds[j] = (int)k;
     }
-    if (names_build(&ix, PySequence_Fast_ITEMS(names_seq), nf) < 0)
+    if (names_build(&ix, &PyTuple_GET_ITEM(names_seq, 0), nf) < 0)
         goto done;
     have_ix = 1;
-    if (records_acquire(records, &rs) < 0)
-        goto done;
-    have_rs = 1;
     if (found_init(&found, nf) < 0)
         goto done;
     have_found = 1;
     nrec = rs.n;
-    counts = PyMem_Malloc((nrec * nf > 0 ? nrec * nf : 1) * sizeof(int64_t));
-    if (counts == NULL) {
-        PyErr_NoMemory();
+    Py_ssize_t ncounts;
+    if (checked_mul(nrec, nf, &ncounts) < 0)
         goto done;
-    }
-    for (Py_ssize_t k = 0; k < nrec * nf; k++)
+    counts = alloc_items(ncounts, sizeof(int64_t));
+    if (counts == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < ncounts; k++)
         counts[k] = -1;
 
+    /* Everything is ours from here on (records and names held by tuples): no Python code. */
     release = nrec >= GIL_RELEASE_MIN_RECORDS;
-    if (release && records_pin(&rs) < 0)
-        goto done;
     if (release)
         tstate = PyEval_SaveThread();
     /* No Python API in this loop (it may run without the GIL): a failure stops it with
@@ -888,7 +892,7 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
         for (Py_ssize_t o = 0; rc == 0 && o < found.norder; o++) {
             int kind;
             j = found.order[o];
-            rc = feature_kind(b, found.pool.items + found.first[j], found.count[j], &kind, &lists, &err);
+            rc = feature_kind(b, found_spans(&found, j), found.count[j], &kind, &lists, &err);
             if (rc < 0 || kind == 0) /* an empty Feature is a missing one */
                 continue;
             if (kind != kinds[j]) {
@@ -917,7 +921,7 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
         goto done;
     }
     if (bad_rc < 0) {
-        PyObject *field = bad_j >= 0 ? field_name(PySequence_Fast_GET_ITEM(names_seq, bad_j)) : NULL;
+        PyObject *field = bad_j >= 0 ? field_name(PyTuple_GET_ITEM(names_seq, bad_j)) : NULL;
         if (bad_j < 0 || field != NULL)
             raise_wire_error(err.msg, bad_i, field);
         Py_XDECREF(field);
@@ -935,7 +939,7 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
             const char *message;
             Py_ssize_t owner;
             if (check_varint_pieces(&rs, &pieces[j], &message, &owner) < 0) {
-                PyObject *field = field_name(PySequence_Fast_GET_ITEM(names_seq, j));
+                PyObject *field = field_name(PyTuple_GET_ITEM(names_seq, j));
                 if (field != NULL)
                     raise_wire_error(message, owner, field);
                 Py_XDECREF(field);
@@ -1145,6 +1149,8 @@ static PyObject *recordio_field_name(PyObject *name_tuple)
 {
     PyObject *key = PyTuple_GET_ITEM(name_tuple, 1);
     long section = PyLong_AsLong(PyTuple_GET_ITEM(name_tuple, 0));
+    if (section == -1 && PyErr_Occurred())
+        return NULL;
     PyObject *text = field_name(key);
     if (text == NULL || section != 2)
         return text;
@@ -1181,22 +1187,29 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:parse_recordio_protobuf", kwlist, &records,
                                      &names_obj, &kinds_obj))
         return NULL;
-    names_seq = PySequence_Fast(names_obj, "names must be a sequence of (section, key) tuples");
+    /* Tuples of our own, as in parse_examples: sections and kinds are converted with __index__,
+     * which may run Python code that changes the caller's lists. */
+    names_seq = PySequence_Tuple(names_obj);
     if (names_seq == NULL)
         goto done;
-    kinds_seq = PySequence_Fast(kinds_obj, "kinds must be a sequence of ints");
+    kinds_seq = PySequence_Tuple(kinds_obj);
     if (kinds_seq == NULL)
         goto done;
-    nf = PySequence_Fast_GET_SIZE(names_seq);
-    if (PySequence_Fast_GET_SIZE(kinds_seq) != nf) {
+    nf = PyTuple_GET_SIZE(names_seq);
+    if (PyTuple_GET_SIZE(kinds_seq) != nf) {
         PyErr_SetString(PyExc_ValueError, "names and kinds must have the same length");
         goto done;
     }
-    kinds = PyMem_Malloc((nf ? nf : 1) * sizeof(int));
-    pieces = PyMem_Calloc(nf ? nf : 1, sizeof(tensor_pieces));
-    keys = PyMem_Calloc(nf ? nf : 1, sizeof(PyObject *));
-    if (kinds == NULL || pieces == NULL || keys == NULL) {
-        PyErr_NoMemory();
+    /* The records too, before any conversion below can run Python code. */
+    if (records_acquire(records, &rs) < 0)
+        goto done;
+    have_rs = 1;
+    kinds = alloc_items(nf, sizeof(int));
+    pieces = kinds ? PyMem_Calloc(nf ? nf : 1, sizeof(tensor_pieces)) : NULL;
+    keys = pieces ? PyMem_Calloc(nf ? nf : 1, sizeof(PyObject *)) : NULL;
+    if (keys == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto done;
     }
     /* Split names by section: features (1) and label (2) keys are looked up separately. */
@@ -1204,14 +1217,14 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
         PyObject **by_section[2];
         Py_ssize_t n_in[2] = {0, 0}, *ids[2];
         for (int sct = 0; sct < 2; sct++) {
-            by_section[sct] = PyMem_Malloc((nf ? nf : 1) * sizeof(PyObject *));
-            ids[sct] = PyMem_Malloc((nf ? nf : 1) * sizeof(Py_ssize_t));
+            by_section[sct] = PyMem_Calloc(nf ? nf : 1, sizeof(PyObject *));
+            ids[sct] = PyMem_Calloc(nf ? nf : 1, sizeof(Py_ssize_t));
         }
         int ok = by_section[0] && by_section[1] && ids[0] && ids[1];
         if (!ok)
             PyErr_NoMemory();
         for (Py_ssize_t j = 0; ok && j < nf; j++) {
-            PyObject *name = PySequence_Fast_GET_ITEM(names_seq, j);
+            PyObject *name = PyTuple_GET_ITEM(names_seq, j);
             long section = -1, k;
             if (PyTuple_Check(name) && PyTuple_GET_SIZE(name) == 2) {
                 section = PyLong_AsLong(PyTuple_GET_ITEM(name, 0));
@@ -1223,7 +1236,7 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
                 ok = 0;
                 break;
             }
-            k = PyLong_AsLong(PySequence_Fast_GET_ITEM(kinds_seq, j));
+            k = PyLong_AsLong(PyTuple_GET_ITEM(kinds_seq, j));
             if (k == -1 && PyErr_Occurred()) {
                 ok = 0;
                 break;
@@ -1254,26 +1267,23 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
         if (!have_ix)
             goto done;
     }
-    if (records_acquire(records, &rs) < 0)
-        goto done;
-    have_rs = 1;
     if (found_init(&found, nf) < 0)
         goto done;
     have_found = 1;
     nrec = rs.n;
+    Py_ssize_t ncounts;
+    if (checked_mul(nrec, nf, &ncounts) < 0)
+        goto done;
     for (int st = 0; st < 3; st++) {
-        counts[st] = PyMem_Malloc((nrec * nf > 0 ? nrec * nf : 1) * sizeof(int64_t));
-        if (counts[st] == NULL) {
-            PyErr_NoMemory();
+        counts[st] = alloc_items(ncounts, sizeof(int64_t));
+        if (counts[st] == NULL)
             goto done;
-        }
-        for (Py_ssize_t k = 0; k < nrec * nf; k++)
+        for (Py_ssize_t k = 0; k < ncounts; k++)
             counts[st][k] = st == 0 ? -1 : 0;
     }
 
+    /* Everything is ours from here on (records and names held by tuples): no Python code. */
     release = nrec >= GIL_RELEASE_MIN_RECORDS;
-    if (release && records_pin(&rs) < 0)
-        goto done;
     if (release)
         tstate = PyEval_SaveThread();
     /* No Python API in this loop (it may run without the GIL): see parse_examples. */
@@ -1290,7 +1300,7 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
         for (Py_ssize_t o = 0; rc == 0 && o < found.norder; o++) {
             int kind;
             j = found.order[o];
-            rc = value_kind(b, found.pool.items + found.first[j], found.count[j], &kind, &tensors, &err);
+            rc = value_kind(b, found_spans(&found, j), found.count[j], &kind, &tensors, &err);
             if (rc < 0 || kind == 0) /* an empty Value is an absent one */
                 continue;
             if (kind != kinds[j]) {
@@ -1322,7 +1332,7 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
     }
     if (bad_rc < 0) {
         PyObject *field = bad_j >= 0
-            ? recordio_field_name(PySequence_Fast_GET_ITEM(names_seq, bad_j)) : NULL;
+            ? recordio_field_name(PyTuple_GET_ITEM(names_seq, bad_j)) : NULL;
         if (bad_j < 0 || field != NULL)
             raise_wire_error(err.msg, bad_i, field);
         Py_XDECREF(field);
@@ -1340,7 +1350,7 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             const char *message;
             Py_ssize_t owner;
             if (check_varint_pieces(&rs, &pieces[j].stream[st], &message, &owner) < 0) {
-                PyObject *field = recordio_field_name(PySequence_Fast_GET_ITEM(names_seq, j));
+                PyObject *field = recordio_field_name(PyTuple_GET_ITEM(names_seq, j));
                 if (field != NULL)
                     raise_wire_error(message, first_bad_owner(&rs, &pieces[j], kinds[j]), field);
                 Py_XDECREF(field);

@@ -35,11 +35,13 @@ static PyObject *py_shuffle_exchange(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "slots must be a 1-D int64 array");
         goto done;
     }
-    items = PySequence_Fast(items_obj, "items must be a sequence");
+    /* A tuple of our own: PyList_New below can run a garbage collection, whose finalizers may
+     * change the caller's list. */
+    items = PySequence_Tuple(items_obj);
     if (items == NULL)
         goto done;
     Py_ssize_t k = slotv.len / 8, n = bufv.len / (Py_ssize_t)sizeof(PyObject *);
-    if (PySequence_Fast_GET_SIZE(items) != k) {
+    if (PyTuple_GET_SIZE(items) != k) {
         PyErr_SetString(PyExc_ValueError, "slots and items must have the same length");
         goto done;
     }
@@ -56,7 +58,7 @@ static PyObject *py_shuffle_exchange(PyObject *self, PyObject *args)
     if (out == NULL)
         goto done;
     PyObject **cells = (PyObject **)bufv.buf;
-    PyObject **news = PySequence_Fast_ITEMS(items);
+    PyObject **news = &PyTuple_GET_ITEM(items, 0);
     for (Py_ssize_t j = 0; j < k; j++) {
         int64_t at = slots[j] < 0 ? slots[j] + n : slots[j];
         PyObject *old = cells[at];

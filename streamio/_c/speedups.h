@@ -50,6 +50,42 @@ static inline uint64_t load_le64(const unsigned char *p)
     return (uint64_t)load_le32(p) | ((uint64_t)load_le32(p + 4) << 32);
 }
 
+/* Sizes from hostile arguments (an ncols of 2**61, a batch of many records) are multiplied
+ * only through these: a wrapped product would allocate a small buffer and write past it. */
+static inline int checked_mul(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out)
+{
+    if (a < 0 || b < 0 || (b != 0 && a > PY_SSIZE_T_MAX / b)) {
+        PyErr_SetString(PyExc_OverflowError, "size of a buffer to allocate overflows");
+        return -1;
+    }
+    *out = a * b;
+    return 0;
+}
+
+/* PyMem_Malloc of n items (at least one, so that NULL always means failure) of ``size`` bytes,
+ * the product checked; NULL with an exception set. */
+static inline void *alloc_items(Py_ssize_t n, size_t size)
+{
+    Py_ssize_t bytes;
+    if (checked_mul(n > 0 ? n : 1, (Py_ssize_t)size, &bytes) < 0)
+        return NULL;
+    void *p = PyMem_Malloc((size_t)bytes);
+    if (p == NULL)
+        PyErr_NoMemory();
+    return p;
+}
+
+/* The new capacity of a doubling array of ``cap`` items of ``size`` bytes, or -1 if its byte
+ * size would overflow (these grow without the GIL: the caller reports MemoryError later). */
+static inline Py_ssize_t grown_capacity(Py_ssize_t cap, size_t size, Py_ssize_t first)
+{
+    if (cap == 0)
+        return first;
+    if (cap > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)size)
+        return -1;
+    return 2 * cap;
+}
+
 /* crc.c: CRC-32C, the implementation chosen at import by crc_init(). */
 typedef uint32_t (*crc_fn)(uint32_t, const unsigned char *, size_t);
 typedef uint32_t (*crc_copy_fn)(uint32_t, unsigned char *, const unsigned char *, size_t);
