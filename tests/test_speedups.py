@@ -218,9 +218,12 @@ def test_scan_recordio_reports_each_status_like_the_reference():
     whole = encode_recordio(b"abcdefg")
     multi = encode_recordio(b"ab" * 4 + MAGIC_BYTES + b"cd")
     cases = {
-        "ok": (whole * 3, 1000, _framing.OK),
-        "special": (whole + multi, 1000, _framing.SPECIAL),
-        "bad magic": (whole + b"\0" * 12, 1000, _framing.BAD_HEADER),
+        "ok": (whole * 3 + whole[:9], 1000, _framing.OK),
+        # the last frame: nothing follows it yet, so nothing confirms its length
+        "ends the buffer": (whole * 3, 1000, _framing.UNCONFIRMED),
+        "special": (whole + multi + whole, 1000, _framing.SPECIAL),
+        "not followed by the magic": (whole + b"\0" * 12, 1000, _framing.UNCONFIRMED),
+        "bad magic": (b"\0" * 12 + whole, 1000, _framing.BAD_HEADER),
         "too large": (whole, 6, _framing.TOO_LARGE),
         "partial": (whole + whole[:9], 1000, _framing.OK),
     }
@@ -328,7 +331,7 @@ def test_framers_read_a_valid_stream_the_same_with_the_header_split_anywhere():
 def test_struct_layouts_match_the_c_constants():
     # The C code hard-codes the formats' layouts and the statuses; keep them in step.
     assert (_framing.OK, _framing.BAD_HEADER, _framing.BAD_DATA, _framing.TOO_LARGE,
-            _framing.SPECIAL) == (0, 1, 2, 3, 4)
+            _framing.SPECIAL, _framing.UNCONFIRMED) == (0, 1, 2, 3, 4, 5)
     assert struct.unpack("<I", MAGIC_BYTES)[0] == 0xCED7230A
 
 

@@ -233,6 +233,11 @@ static PyObject *py_scan_recordio(PyObject *self, PyObject *args, PyObject *kwar
             status = ST_OK;
             break;
         }
+        /* No checksum covers the length: take the frame only if the next one's magic follows. */
+        if (end - (stop + pad) < 4 || load_le32(buf + stop + pad) != RECORDIO_MAGIC) {
+            status = ST_UNCONFIRMED;
+            break;
+        }
         if (lrec >> 29) {
             status = ST_SPECIAL;
             break;
@@ -253,7 +258,129 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Resynchronisation: the next offset where a sound header starts, after corruption
+ * ------------------------------------------------------------------------------------------- */
+
+/* The framers' resync kernels take (buf, pos, end, ...) like the scans; -1 when none is found. */
+static int sync_args(PyObject *args, PyObject *kwargs, const char *fmt, char **kwlist,
+                     Py_buffer *view, Py_ssize_t *pos, Py_ssize_t *end, Py_ssize_t *base,
+                     size_limit *lim)
+{
+    PyObject *bufobj, *limit_obj;
+    int ok = base ? PyArg_ParseTupleAndKeywords(args, kwargs, fmt, kwlist, &bufobj, pos, end, base,
+                                                &limit_obj)
+                  : PyArg_ParseTupleAndKeywords(args, kwargs, fmt, kwlist, &bufobj, pos, end,
+                                                &limit_obj);
+    if (!ok || parse_limit(limit_obj, lim) < 0)
+        return -1;
+    if (PyObject_GetBuffer(bufobj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (check_range(*pos, *end, view->len) < 0) {
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* TFRecord: the first q in [pos, end - 12] whose length is within the limit and whose masked
+ * length CRC checks out. The CRC is computed once per distinct length in a row: garbage that
+ * passes the size test is mostly runs (zeros) repeating one length. */
+static Py_ssize_t tfrecord_sync(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
+                                const size_limit *lim)
+{
+    uint64_t last_length = 0;
+    uint32_t last_crc = 0;
+    int have_last = 0;
+    for (Py_ssize_t q = pos; end - q >= TFRECORD_HEADER; q++) {
+        uint64_t length = load_le64(buf + q);
+        if (too_large(lim, length))
+            continue;
+        if (!have_last || length != last_length) {
+            last_length = length;
+            last_crc = masked_crc(buf + q, 8);
+            have_last = 1;
+        }
+        if (last_crc == load_le32(buf + q + 8))
+            return q;
+    }
+    return -1;
+}
+
+PyDoc_STRVAR(find_tfrecord_sync_doc,
+"find_tfrecord_sync(buf, pos, end, max_record_size) -> int\n\n"
+"The first offset q in [pos, end - 12] where a sound TFRecord header starts, or -1.\n"
+"Same result as streamio.formats.tfrecord.find_tfrecord_sync (the reference).");
+
+static PyObject *py_find_tfrecord_sync(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buf", "pos", "end", "max_record_size", NULL};
+    Py_buffer view;
+    Py_ssize_t pos, end, q;
+    size_limit lim;
+    if (sync_args(args, kwargs, "OnnO:find_tfrecord_sync", kwlist, &view, &pos, &end, NULL,
+                  &lim) < 0)
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    if (end - pos < (Py_ssize_t)TFRECORD_HEADER * 4096) {
+        q = tfrecord_sync(buf, pos, end, &lim);
+    } else { /* a long scan of garbage: let other threads run */
+        Py_BEGIN_ALLOW_THREADS
+        q = tfrecord_sync(buf, pos, end, &lim);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(q);
+}
+
+/* RecordIO: the first q in [pos, end - 8] at a 4-aligned stream offset (base + q) with the magic
+ * number, cflag 0 or 1 and a length within the limit. */
+static Py_ssize_t recordio_sync(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
+                                Py_ssize_t base, const size_limit *lim)
+{
+    Py_ssize_t q = pos + ((4 - ((base + pos) & 3)) & 3);
+    for (; end - q >= RECORDIO_HEADER; q += 4) {
+        if (load_le32(buf + q) != RECORDIO_MAGIC)
+            continue;
+        uint32_t lrec = load_le32(buf + q + 4);
+        if ((lrec >> 29) <= 1 && !too_large(lim, lrec & RECORDIO_LENGTH_MASK))
+            return q;
+    }
+    return -1;
+}
+
+PyDoc_STRVAR(find_recordio_sync_doc,
+"find_recordio_sync(buf, pos, end, base, max_record_size) -> int\n\n"
+"The first offset q in [pos, end - 8] where a RecordIO record can start (4-aligned stream\n"
+"offset base + q, magic number, cflag 0 or 1, length within the limit), or -1.\n"
+"Same result as streamio.formats.recordio.find_recordio_sync (the reference).");
+
+static PyObject *py_find_recordio_sync(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buf", "pos", "end", "base", "max_record_size", NULL};
+    Py_buffer view;
+    Py_ssize_t pos, end, base, q;
+    size_limit lim;
+    if (sync_args(args, kwargs, "OnnnO:find_recordio_sync", kwlist, &view, &pos, &end, &base,
+                  &lim) < 0)
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    if (end - pos < 65536) {
+        q = recordio_sync(buf, pos, end, base, &lim);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        q = recordio_sync(buf, pos, end, base, &lim);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(q);
+}
+
 PyMethodDef framing_methods[] = {
+    {"find_tfrecord_sync", (PyCFunction)(void (*)(void))py_find_tfrecord_sync,
+     METH_VARARGS | METH_KEYWORDS, find_tfrecord_sync_doc},
+    {"find_recordio_sync", (PyCFunction)(void (*)(void))py_find_recordio_sync,
+     METH_VARARGS | METH_KEYWORDS, find_recordio_sync_doc},
     {"scan_tfrecords", (PyCFunction)(void (*)(void))py_scan_tfrecords, METH_VARARGS | METH_KEYWORDS,
      scan_tfrecords_doc},
     {"scan_recordio", (PyCFunction)(void (*)(void))py_scan_recordio, METH_VARARGS | METH_KEYWORDS,

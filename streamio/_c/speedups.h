@@ -22,7 +22,8 @@
 #include <string.h>
 
 /* Kernel statuses: must equal streamio/formats/_framing.py. */
-enum { ST_OK = 0, ST_BAD_HEADER = 1, ST_BAD_DATA = 2, ST_TOO_LARGE = 3, ST_SPECIAL = 4 };
+enum { ST_OK = 0, ST_BAD_HEADER = 1, ST_BAD_DATA = 2, ST_TOO_LARGE = 3, ST_SPECIAL = 4,
+       ST_UNCONFIRMED = 5 };
 
 #define TFRECORD_MASK_DELTA 0xA282EAD8u
 #define TFRECORD_HEADER 12
