@@ -283,16 +283,41 @@ static int sync_args(PyObject *args, PyObject *kwargs, const char *fmt, char **k
     return 0;
 }
 
+/* The end of the run of identical bytes that fills buf[q:q + 12] (or q if it is not filled by
+ * one): every 12-byte window inside the run is the same header, so one test covers them all. */
+static Py_ssize_t uniform_run_end(const unsigned char *buf, Py_ssize_t q, Py_ssize_t end)
+{
+    uint64_t pattern = 0x0101010101010101ull * buf[q];
+    if (load_le64(buf + q) != pattern || load_le32(buf + q + 8) != (uint32_t)pattern)
+        return q;
+    Py_ssize_t r = q + TFRECORD_HEADER;
+    while (end - r >= 8 && load_le64(buf + r) == pattern)
+        r += 8;
+    while (r < end && buf[r] == buf[q])
+        r++;
+    return r;
+}
+
 /* TFRecord: the first q in [pos, end - 12] whose length is within the limit and whose masked
- * length CRC checks out. The CRC is computed once per distinct length in a row: garbage that
- * passes the size test is mostly runs (zeros) repeating one length. */
+ * length CRC checks out. With a limit below 2**56 a sound length has a zero top byte (offset
+ * 7): memchr skips random garbage to the next candidate at memory speed. The CRC is computed
+ * once per distinct length in a row: garbage that passes the size test is mostly runs (zeros)
+ * repeating one length. */
 static Py_ssize_t tfrecord_sync(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
                                 const size_limit *lim)
 {
     uint64_t last_length = 0;
     uint32_t last_crc = 0;
-    int have_last = 0;
+    int have_last = 0, top_zero = lim->limit < ((uint64_t)1 << 56);
+    if (lim->all_too_large)
+        return -1;
     for (Py_ssize_t q = pos; end - q >= TFRECORD_HEADER; q++) {
+        if (top_zero && buf[q + 7] != 0) {
+            const unsigned char *z = memchr(buf + q + 7, 0, (size_t)(end - TFRECORD_HEADER - q) + 1);
+            if (z == NULL)
+                return -1;
+            q = (z - buf) - 7;
+        }
         uint64_t length = load_le64(buf + q);
         if (too_large(lim, length))
             continue;
@@ -303,6 +328,9 @@ static Py_ssize_t tfrecord_sync(const unsigned char *buf, Py_ssize_t pos, Py_ssi
         }
         if (last_crc == load_le32(buf + q + 8))
             return q;
+        Py_ssize_t run = uniform_run_end(buf, q, end); /* zeros, 0xFF padding... */
+        if (run > q)
+            q = run - TFRECORD_HEADER; /* the next window holds buf[run], which differs */
     }
     return -1;
 }
@@ -334,17 +362,24 @@ static PyObject *py_find_tfrecord_sync(PyObject *self, PyObject *args, PyObject 
 }
 
 /* RecordIO: the first q in [pos, end - 8] at a 4-aligned stream offset (base + q) with the magic
- * number, cflag 0 or 1 and a length within the limit. */
+ * number, cflag 0 or 1 and a length within the limit. memchr finds the magic's first byte
+ * (0x0A, little-endian) at memory speed; garbage rarely holds it. */
 static Py_ssize_t recordio_sync(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end,
                                 Py_ssize_t base, const size_limit *lim)
 {
-    Py_ssize_t q = pos + ((4 - ((base + pos) & 3)) & 3);
-    for (; end - q >= RECORDIO_HEADER; q += 4) {
-        if (load_le32(buf + q) != RECORDIO_MAGIC)
-            continue;
-        uint32_t lrec = load_le32(buf + q + 4);
-        if ((lrec >> 29) <= 1 && !too_large(lim, lrec & RECORDIO_LENGTH_MASK))
-            return q;
+    Py_ssize_t q = pos;
+    while (end - q >= RECORDIO_HEADER) {
+        const unsigned char *hit = memchr(buf + q, RECORDIO_MAGIC & 0xFF,
+                                          (size_t)(end - RECORDIO_HEADER - q) + 1);
+        if (hit == NULL)
+            return -1;
+        q = hit - buf;
+        if (((base + q) & 3) == 0 && load_le32(buf + q) == RECORDIO_MAGIC) {
+            uint32_t lrec = load_le32(buf + q + 4);
+            if ((lrec >> 29) <= 1 && !too_large(lim, lrec & RECORDIO_LENGTH_MASK))
+                return q;
+        }
+        q++;
     }
     return -1;
 }

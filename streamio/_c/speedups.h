@@ -41,14 +41,28 @@ enum { ST_OK = 0, ST_BAD_HEADER = 1, ST_BAD_DATA = 2, ST_TOO_LARGE = 3, ST_SPECI
  * release is not worth it: taking the GIL back can wait for another thread's switch interval. */
 #define GIL_RELEASE_MIN_RECORDS 32
 
+/* Little-endian loads at any alignment: one unaligned load where the host is little-endian
+ * (memcpy compiles to it), bytes assembled elsewhere. */
 static inline uint32_t load_le32(const unsigned char *p)
 {
+#if PY_LITTLE_ENDIAN
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+#else
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+#endif
 }
 
 static inline uint64_t load_le64(const unsigned char *p)
 {
+#if PY_LITTLE_ENDIAN
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+#else
     return (uint64_t)load_le32(p) | ((uint64_t)load_le32(p + 4) << 32);
+#endif
 }
 
 /* Sizes from hostile arguments (an ncols of 2**61, a batch of many records) are multiplied

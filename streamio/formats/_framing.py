@@ -200,11 +200,27 @@ class LengthPrefixedFramer(FramerBase):
             pos = self._discard_from(view, pos)
             if pos is None:
                 return
-        if self._tail:  # a resynchronisation carried over from the previous chunk: rare, so copy
+        if self._tail and self._resync and self._junction_is_garbage(view, pos):
+            # Searching garbage: the few bytes kept from the last chunk start no header, so go on
+            # in this chunk without copying it (a stream of garbage must scan at memory speed).
+            self.skipped_bytes += len(self._tail)
+            self._consumed += len(self._tail)
+            self._tail = bytearray()
+        if self._tail:  # carried over from the previous chunk (a frame held back, a header
+            # straddling the chunks while resynchronising): rare, so copy
             view = memoryview(bytes(self._tail) + bytes(view[pos:]))
             self._tail = bytearray()
             pos = 0
         self._run(view, pos, out)
+
+    def _junction_is_garbage(self, view, pos: int) -> bool:
+        """Whether no sound header starts in the tail kept while resynchronising (< HEADER bytes),
+        given the bytes of this chunk that follow it."""
+        held = len(self._tail)
+        junction = bytes(self._tail) + bytes(view[pos:pos + self.HEADER - 1])
+        end = min(len(junction), held + self.HEADER - 1)
+        sync = self._find_sync(junction, 0, end, self._consumed)
+        return sync is None and len(junction) == held + self.HEADER - 1
 
     def _run(self, buf, pos: int, out: list) -> None:
         """Frame ``buf[pos:]``; ``buf[pos]`` is at stream offset ``self._consumed``."""
