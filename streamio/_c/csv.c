@@ -87,6 +87,190 @@ typedef struct {
     Py_ssize_t n;
 } slow_number;
 
+/* One call's work: rows (held by a tuple of ours) -> out[nrows * nout] floats or doubles. */
+typedef struct {
+    Py_ssize_t nrows, ncols, nout;
+    const unsigned char **data;
+    Py_ssize_t *lens;
+    Py_ssize_t *slot; /* column -> output position, -1 unused */
+    unsigned char sep;
+    int want_double;
+    char *out;
+    slow_number *slow; /* numbers left to the correctly rounding path, converted with the GIL */
+    Py_ssize_t nslow, slow_cap;
+} csv_job;
+
+/* slot[] from usecols (None: every column, in order); -1 with an exception set. */
+static int csv_columns(PyObject *usecols_obj, csv_job *job)
+{
+    job->slot = alloc_items(job->ncols, sizeof(Py_ssize_t)); /* ncols is the caller's: checked */
+    if (job->slot == NULL)
+        return -1;
+    if (usecols_obj == Py_None) {
+        for (Py_ssize_t c = 0; c < job->ncols; c++)
+            job->slot[c] = c;
+        job->nout = job->ncols;
+        return 0;
+    }
+    /* A tuple of our own: an item's __index__ may change the caller's list meanwhile. */
+    PyObject *cols = PySequence_Tuple(usecols_obj);
+    if (cols == NULL)
+        return -1;
+    job->nout = PyTuple_GET_SIZE(cols);
+    for (Py_ssize_t c = 0; c < job->ncols; c++)
+        job->slot[c] = -1;
+    for (Py_ssize_t k = 0; k < job->nout; k++) {
+        Py_ssize_t c = PyNumber_AsSsize_t(PyTuple_GET_ITEM(cols, k), PyExc_OverflowError);
+        if (c == -1 && PyErr_Occurred()) {
+            Py_DECREF(cols);
+            return -1;
+        }
+        if (c < 0 || c >= job->ncols || job->slot[c] >= 0) {
+            Py_DECREF(cols);
+            PyErr_SetString(PyExc_ValueError, "usecols must hold distinct indices below ncols");
+            return -1;
+        }
+        job->slot[c] = k;
+    }
+    Py_DECREF(cols);
+    return 0;
+}
+
+static inline void csv_store(const csv_job *job, Py_ssize_t cell, double value)
+{
+    if (job->want_double)
+        ((double *)job->out)[cell] = value;
+    else
+        ((float *)job->out)[cell] = (float)value;
+}
+
+/* Note a number for the slow path; -1 when out of memory (runs without the GIL). */
+static int csv_defer(csv_job *job, Py_ssize_t cell, const unsigned char *p, Py_ssize_t n)
+{
+    if (job->nslow == job->slow_cap) {
+        Py_ssize_t cap = grown_capacity(job->slow_cap, sizeof(slow_number), 64);
+        slow_number *grown =
+            cap < 0 ? NULL : PyMem_RawRealloc(job->slow, (size_t)cap * sizeof(slow_number));
+        if (grown == NULL)
+            return -1;
+        job->slow = grown;
+        job->slow_cap = cap;
+    }
+    job->slow[job->nslow].cell = cell;
+    job->slow[job->nslow].p = p;
+    job->slow[job->nslow].n = n;
+    job->nslow++;
+    return 0;
+}
+
+/* Parse row r: NUM_OK, NUM_BAD (not a plain row of ncols numbers) or -1 (out of memory). */
+static int csv_row(csv_job *job, Py_ssize_t r)
+{
+    const unsigned char *p = job->data[r], *stop = job->data[r] + job->lens[r];
+    for (Py_ssize_t c = 0; c < job->ncols; c++) {
+        const unsigned char *field = p, *fend;
+        double value = 0.0;
+        int kind = NUM_OK;
+        if (job->slot[c] < 0) { /* an unused column: only find its end */
+            const unsigned char *next = memchr(p, job->sep, (size_t)(stop - p));
+            fend = next ? next : stop;
+        } else if ((kind = parse_decimal(p, stop, job->sep, &value, &fend)) == NUM_BAD) {
+            return NUM_BAD;
+        }
+        /* a separator must follow every field but the last, and none the last */
+        if ((fend == stop) != (c == job->ncols - 1))
+            return NUM_BAD;
+        p = fend + 1;
+        if (job->slot[c] < 0)
+            continue;
+        Py_ssize_t cell = r * job->nout + job->slot[c];
+        if (kind == NUM_SLOW && csv_defer(job, cell, field, fend - field) < 0)
+            return -1;
+        csv_store(job, cell, value);
+    }
+    return NUM_OK;
+}
+
+/* The deferred numbers, with PyOS_string_to_double: 0, 1 (not a number after all: the caller's
+ * general path decides) or -1 with an exception set. */
+static int csv_convert_slow(const csv_job *job)
+{
+    for (Py_ssize_t k = 0; k < job->nslow; k++) {
+        const slow_number *num = &job->slow[k];
+        char small[64], *text = small, *end;
+        if (num->n >= (Py_ssize_t)sizeof(small)) {
+            text = PyMem_Malloc(num->n + 1);
+            if (text == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+        }
+        memcpy(text, num->p, num->n);
+        text[num->n] = '\0';
+        double value = PyOS_string_to_double(text, &end, NULL);
+        int failed = (value == -1.0 && PyErr_Occurred()) || end != text + num->n;
+        if (text != small)
+            PyMem_Free(text);
+        if (failed) { /* not expected for the grammar above */
+            PyErr_Clear();
+            return 1;
+        }
+        csv_store(job, num->cell, value);
+    }
+    return 0;
+}
+
+/* Point data/lens at the rows (bytes in ``seq``, a tuple of ours): 0, 1 (a row is not bytes:
+ * the caller's general path takes other bytes-likes) or -1 with an exception set. */
+static int csv_take_rows(PyObject *seq, csv_job *job)
+{
+    job->nrows = PyTuple_GET_SIZE(seq);
+    job->data = alloc_items(job->nrows, sizeof(*job->data));
+    job->lens = job->data ? alloc_items(job->nrows, sizeof(*job->lens)) : NULL;
+    if (job->lens == NULL)
+        return -1;
+    for (Py_ssize_t r = 0; r < job->nrows; r++) {
+        PyObject *row = PyTuple_GET_ITEM(seq, r);
+        if (!PyBytes_Check(row))
+            return 1;
+        job->data[r] = (const unsigned char *)PyBytes_AS_STRING(row);
+        job->lens[r] = PyBytes_GET_SIZE(row);
+    }
+    return 0;
+}
+
+/* Parse every row into a new bytearray (returned), then the deferred numbers; Py_None (new
+ * reference) when the kernel declines the input. */
+static PyObject *csv_parse(csv_job *job)
+{
+    Py_ssize_t ncells, nbytes;
+    int verdict = NUM_OK;
+    if (checked_mul(job->nrows, job->nout, &ncells) < 0 ||
+        checked_mul(ncells, job->want_double ? 8 : 4, &nbytes) < 0)
+        return NULL;
+    PyObject *storage = new_storage(nbytes, &job->out);
+    if (storage == NULL)
+        return NULL;
+    /* The rows are immutable bytes held by our tuple: parse them without the GIL. */
+    PyThreadState *state = job->nrows >= GIL_RELEASE_MIN_RECORDS ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t r = 0; r < job->nrows && verdict == NUM_OK; r++)
+        verdict = csv_row(job, r);
+    if (state != NULL)
+        PyEval_RestoreThread(state);
+    int slow = verdict == NUM_OK ? csv_convert_slow(job) : 0;
+    if (verdict == -1 || slow < 0) {
+        if (verdict == -1)
+            PyErr_NoMemory();
+        Py_DECREF(storage);
+        return NULL;
+    }
+    if (verdict == NUM_BAD || slow == 1) {
+        Py_DECREF(storage);
+        Py_RETURN_NONE;
+    }
+    return storage;
+}
+
 PyDoc_STRVAR(parse_csv_floats_doc,
 "parse_csv_floats(rows, ncols, delimiter=b',', usecols=None, double=False) -> ndarray | None\n\n"
 "Parse unquoted CSV rows (bytes, no line terminators) of exactly ncols decimal numbers into a\n"
@@ -96,29 +280,22 @@ PyDoc_STRVAR(parse_csv_floats_doc,
 static PyObject *py_parse_csv_floats(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"rows", "ncols", "delimiter", "usecols", "double", NULL};
-    PyObject *rows, *usecols_obj = Py_None, *result = NULL, *storage = NULL, *seq = NULL;
-    Py_ssize_t ncols, nout;
+    PyObject *rows, *usecols_obj = Py_None, *result = NULL, *seq = NULL;
     Py_buffer delim = {0};
-    int want_double = 0, verdict = NUM_OK;
-    Py_ssize_t *slot = NULL; /* column -> output position, -1 unused */
-    const unsigned char **data = NULL;
-    Py_ssize_t *lens = NULL;
-    slow_number *slow = NULL;
-    Py_ssize_t nslow = 0, slow_cap = 0;
-    char *out;
+    csv_job job;
+    memset(&job, 0, sizeof(job));
+    job.sep = ',';
 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "On|y*Op:parse_csv_floats", kwlist, &rows,
-                                     &ncols, &delim, &usecols_obj, &want_double))
+                                     &job.ncols, &delim, &usecols_obj, &job.want_double))
         return NULL;
-    unsigned char sep = ',';
-    if (delim.buf != NULL) {
-        if (delim.len != 1) {
-            PyErr_SetString(PyExc_ValueError, "delimiter must be one byte");
-            goto done;
-        }
-        sep = ((const unsigned char *)delim.buf)[0];
+    if (delim.buf != NULL && delim.len != 1) {
+        PyErr_SetString(PyExc_ValueError, "delimiter must be one byte");
+        goto done;
     }
-    if (ncols < 0) {
+    if (delim.buf != NULL)
+        job.sep = ((const unsigned char *)delim.buf)[0];
+    if (job.ncols < 0) {
         PyErr_SetString(PyExc_ValueError, "ncols must not be negative");
         goto done;
     }
@@ -128,172 +305,39 @@ static PyObject *py_parse_csv_floats(PyObject *self, PyObject *args, PyObject *k
     seq = PySequence_Tuple(rows);
     if (seq == NULL)
         goto done;
-    Py_ssize_t nrows = PyTuple_GET_SIZE(seq), ncells;
-    if (ncols == 0) { /* rows of no fields: nothing this kernel can say */
+    if (job.ncols == 0) { /* rows of no fields: nothing this kernel can say */
+        Py_INCREF(Py_None);
         result = Py_None;
-        Py_INCREF(result);
         goto done;
     }
-    slot = alloc_items(ncols, sizeof(Py_ssize_t)); /* ncols is the caller's: checked */
-    if (slot == NULL)
+    if (csv_columns(usecols_obj, &job) < 0)
         goto done;
-    if (usecols_obj == Py_None) {
-        for (Py_ssize_t c = 0; c < ncols; c++)
-            slot[c] = c;
-        nout = ncols;
-    } else {
-        /* A tuple of our own: an item's __index__ may change the caller's list meanwhile. */
-        PyObject *cols = PySequence_Tuple(usecols_obj);
-        if (cols == NULL)
-            goto done;
-        nout = PyTuple_GET_SIZE(cols);
-        for (Py_ssize_t c = 0; c < ncols; c++)
-            slot[c] = -1;
-        for (Py_ssize_t k = 0; k < nout; k++) {
-            Py_ssize_t c = PyNumber_AsSsize_t(PyTuple_GET_ITEM(cols, k), PyExc_OverflowError);
-            if (c == -1 && PyErr_Occurred()) {
-                Py_DECREF(cols);
-                goto done;
-            }
-            if (c < 0 || c >= ncols || slot[c] >= 0) {
-                Py_DECREF(cols);
-                PyErr_SetString(PyExc_ValueError, "usecols must hold distinct indices below ncols");
-                goto done;
-            }
-            slot[c] = k;
-        }
-        Py_DECREF(cols);
-    }
-    data = alloc_items(nrows, sizeof(*data));
-    lens = data ? alloc_items(nrows, sizeof(*lens)) : NULL;
-    if (lens == NULL)
-        goto done;
-    for (Py_ssize_t r = 0; r < nrows; r++) {
-        PyObject *row = PyTuple_GET_ITEM(seq, r);
-        if (!PyBytes_Check(row)) { /* other bytes-likes: the caller's general path takes them */
+    int taken = csv_take_rows(seq, &job);
+    if (taken != 0) {
+        if (taken > 0) {
+            Py_INCREF(Py_None);
             result = Py_None;
-            Py_INCREF(result);
-            goto done;
         }
-        data[r] = (const unsigned char *)PyBytes_AS_STRING(row);
-        lens[r] = PyBytes_GET_SIZE(row);
-    }
-    int width = want_double ? 8 : 4;
-    Py_ssize_t nbytes;
-    if (checked_mul(nrows, nout, &ncells) < 0 || checked_mul(ncells, width, &nbytes) < 0)
-        goto done;
-    storage = new_storage(nbytes, &out);
-    if (storage == NULL)
-        goto done;
-
-    /* Parse the rows (held by ``seq``) without the GIL. Numbers that need the correctly
-     * rounding slow path are noted and converted afterwards, with it. */
-    PyThreadState *csv_state = nrows >= GIL_RELEASE_MIN_RECORDS ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t r = 0; r < nrows && verdict != NUM_BAD; r++) {
-        const unsigned char *p = data[r], *stop = data[r] + lens[r];
-        for (Py_ssize_t c = 0; c < ncols; c++) {
-            const unsigned char *field = p, *fend;
-            double value;
-            int kind;
-            if (slot[c] < 0) { /* an unused column: only find its end */
-                const unsigned char *next = memchr(p, sep, (size_t)(stop - p));
-                fend = next ? next : stop;
-                kind = NUM_OK;
-            } else {
-                kind = parse_decimal(p, stop, sep, &value, &fend);
-                if (kind == NUM_BAD) {
-                    verdict = NUM_BAD;
-                    break;
-                }
-            }
-            /* a separator must follow every field but the last, and none the last */
-            if ((fend == stop) != (c == ncols - 1)) {
-                verdict = NUM_BAD;
-                break;
-            }
-            p = fend + 1;
-            if (slot[c] < 0)
-                continue;
-            Py_ssize_t cell = r * nout + slot[c];
-            if (kind == NUM_SLOW) {
-                if (nslow == slow_cap) {
-                    Py_ssize_t cap = grown_capacity(slow_cap, sizeof(slow_number), 64);
-                    slow_number *grown =
-                        cap < 0 ? NULL : PyMem_RawRealloc(slow, (size_t)cap * sizeof(slow_number));
-                    if (grown == NULL) {
-                        verdict = -1;
-                        break;
-                    }
-                    slow = grown;
-                    slow_cap = cap;
-                }
-                slow[nslow].cell = cell;
-                slow[nslow].p = field;
-                slow[nslow].n = fend - field;
-                nslow++;
-                value = 0.0;
-            }
-            if (want_double)
-                ((double *)out)[cell] = value;
-            else
-                ((float *)out)[cell] = (float)value;
-        }
-        if (verdict == -1)
-            break;
-    }
-    if (csv_state != NULL)
-        PyEval_RestoreThread(csv_state);
-    if (verdict == -1) {
-        PyErr_NoMemory();
         goto done;
     }
-    if (verdict == NUM_BAD) {
-        result = Py_None;
-        Py_INCREF(result);
+    PyObject *storage = csv_parse(&job);
+    if (storage == NULL || storage == Py_None) {
+        result = storage;
         goto done;
     }
-    for (Py_ssize_t k = 0; k < nslow; k++) {
-        char small[64], *text = small;
-        if (slow[k].n >= (Py_ssize_t)sizeof(small)) {
-            text = PyMem_Malloc(slow[k].n + 1);
-            if (text == NULL) {
-                PyErr_NoMemory();
-                goto done;
-            }
-        }
-        memcpy(text, slow[k].p, slow[k].n);
-        text[slow[k].n] = '\0';
-        char *end;
-        double value = PyOS_string_to_double(text, &end, NULL);
-        int failed = (value == -1.0 && PyErr_Occurred()) || end != text + slow[k].n;
-        if (text != small)
-            PyMem_Free(text);
-        if (failed) { /* not expected for the grammar above; let the caller's path decide */
-            PyErr_Clear();
-            result = Py_None;
-            Py_INCREF(result);
-            goto done;
-        }
-        if (want_double)
-            ((double *)out)[slow[k].cell] = value;
-        else
-            ((float *)out)[slow[k].cell] = (float)value;
-    }
-    {
-        PyObject *flat = array_from(storage, want_double ? "=f8" : "=f4");
-        if (flat != NULL) {
-            result = PyObject_CallMethod(flat, "reshape", "nn", nrows, nout);
-            Py_DECREF(flat);
-        }
+    PyObject *flat = array_from(storage, job.want_double ? "=f8" : "=f4");
+    Py_DECREF(storage);
+    if (flat != NULL) {
+        result = PyObject_CallMethod(flat, "reshape", "nn", job.nrows, job.nout);
+        Py_DECREF(flat);
     }
 done:
     if (delim.buf != NULL)
         PyBuffer_Release(&delim);
-    PyMem_Free(slot);
-    PyMem_Free(data);
-    PyMem_Free(lens);
-    PyMem_RawFree(slow);
-    Py_XDECREF(storage);
+    PyMem_Free(job.slot);
+    PyMem_Free(job.data);
+    PyMem_Free(job.lens);
+    PyMem_RawFree(job.slow);
     Py_XDECREF(seq);
     return result;
 }
