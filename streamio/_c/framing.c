@@ -62,6 +62,65 @@ typedef struct {
     Py_ssize_t length;
 } frame_span;
 
+/* Pass 1: locate up to SCAN_BATCH whole frames from p, checking headers in the reference's order
+ * (length CRC, size limit, wholeness). Returns the frame count; *stopped says a frame stopped
+ * the batch (with *status), *next is where the batch ends, *payload its payload bytes. */
+static int tfrecord_locate(const unsigned char *buf, Py_ssize_t p, Py_ssize_t end, int verify,
+                           const size_limit *lim, frame_span *spans, int *stopped, int *status,
+                           Py_ssize_t *next, Py_ssize_t *payload)
+{
+    int n = 0;
+    *stopped = 0;
+    *payload = 0;
+    while (n < SCAN_BATCH && end - p >= TFRECORD_HEADER) {
+        uint64_t length = load_le64(buf + p);
+        if (verify && masked_crc(buf + p, 8) != load_le32(buf + p + 8)) {
+            *status = ST_BAD_HEADER;
+            break;
+        }
+        if (too_large(lim, length)) {
+            *status = ST_TOO_LARGE;
+            break;
+        }
+        Py_ssize_t start = p + TFRECORD_HEADER;
+        /* stop + FOOTER > end, written so that a huge length cannot overflow */
+        if (length > (uint64_t)(end - start) || (uint64_t)(end - start) - length < TFRECORD_FOOTER) {
+            *status = ST_OK;
+            break;
+        }
+        spans[n].start = start;
+        spans[n].length = (Py_ssize_t)length;
+        *payload += (Py_ssize_t)length;
+        n++;
+        p = start + (Py_ssize_t)length + TFRECORD_FOOTER;
+    }
+    *stopped = n < SCAN_BATCH && end - p >= TFRECORD_HEADER;
+    if (n < SCAN_BATCH && !*stopped)
+        *status = ST_OK; /* fewer than HEADER bytes left */
+    *next = p;
+    return n;
+}
+
+/* Pass 3: copy each payload into its bytes object, checking its CRC in the same pass over the
+ * source; returns the number of good frames (the first mismatch ends the batch there: it
+ * precedes any header fault found further on, as in the reference). */
+static int tfrecord_copy(const unsigned char *buf, const frame_span *spans, PyObject **records,
+                         int n, int verify)
+{
+    for (int i = 0; i < n; i++) {
+        const unsigned char *data = buf + spans[i].start;
+        unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(records[i]);
+        if (!verify) {
+            memcpy(dst, data, (size_t)spans[i].length);
+            continue;
+        }
+        uint32_t crc = crc32c_copy(0, dst, data, (size_t)spans[i].length);
+        if (mask_crc(crc) != load_le32(data + spans[i].length))
+            return i;
+    }
+    return n;
+}
+
 PyDoc_STRVAR(scan_tfrecords_doc,
 "scan_tfrecords(buf, pos, end, verify, max_record_size, out) -> (pos, status)\n\n"
 "Frame whole TFRecords from buf[pos:end], appending each payload (bytes) to the list out.\n"
@@ -95,38 +154,10 @@ static PyObject *py_scan_tfrecords(PyObject *self, PyObject *args, PyObject *kwa
 
     const unsigned char *buf = (const unsigned char *)view.buf;
     for (;;) {
-        /* Pass 1: locate up to SCAN_BATCH whole frames, checking headers in the reference's
-         * order (length CRC, size limit, wholeness). */
-        int n = 0, stopped = 0;
-        Py_ssize_t p = pos, payload = 0;
-        while (n < SCAN_BATCH && end - p >= TFRECORD_HEADER) {
-            uint64_t length = load_le64(buf + p);
-            if (verify && masked_crc(buf + p, 8) != load_le32(buf + p + 8)) {
-                status = ST_BAD_HEADER;
-                stopped = 1;
-                break;
-            }
-            if (too_large(&lim, length)) {
-                status = ST_TOO_LARGE;
-                stopped = 1;
-                break;
-            }
-            Py_ssize_t start = p + TFRECORD_HEADER;
-            /* stop + FOOTER > end, written so that a huge length cannot overflow */
-            if (length > (uint64_t)(end - start) || (uint64_t)(end - start) - length < TFRECORD_FOOTER) {
-                status = ST_OK;
-                stopped = 1;
-                break;
-            }
-            spans[n].start = start;
-            spans[n].length = (Py_ssize_t)length;
-            payload += (Py_ssize_t)length;
-            n++;
-            p = start + (Py_ssize_t)length + TFRECORD_FOOTER;
-        }
-        if (n < SCAN_BATCH && !stopped)
-            status = ST_OK; /* fewer than HEADER bytes left */
-
+        int stopped;
+        Py_ssize_t next, payload;
+        int n = tfrecord_locate(buf, pos, end, verify, &lim, spans, &stopped, &status, &next,
+                                &payload);
         /* Pass 2: a bytes object for each payload (allocating needs the GIL). */
         for (int i = 0; i < n; i++) {
             records[i] = PyBytes_FromStringAndSize(NULL, spans[i].length);
@@ -136,30 +167,11 @@ static PyObject *py_scan_tfrecords(PyObject *self, PyObject *args, PyObject *kwa
                 goto fail;
             }
         }
-        /* Pass 3: copy each payload into its bytes object, checking its CRC in the same pass
-         * over the source; the first mismatch ends the scan there (it precedes any header fault
-         * found further on, as in the reference). Large batches run without the GIL. */
-        int good = n;
-        {
-            PyThreadState *saved = payload >= GIL_RELEASE_BYTES ? PyEval_SaveThread() : NULL;
-            for (int i = 0; i < n; i++) {
-                const unsigned char *data = buf + spans[i].start;
-                unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(records[i]);
-                if (!verify) {
-                    memcpy(dst, data, (size_t)spans[i].length);
-                    continue;
-                }
-                uint32_t crc = crc32c_copy(0, dst, data, (size_t)spans[i].length);
-                if (mask_crc(crc) != load_le32(data + spans[i].length)) {
-                    good = i;
-                    break;
-                }
-            }
-            if (saved != NULL)
-                PyEval_RestoreThread(saved);
-        }
-        /* Pass 4: hand out the good records; drop the rest. */
-        int failed = 0;
+        /* Pass 3 (large batches without the GIL), then pass 4: hand out the good records. */
+        PyThreadState *saved = payload >= GIL_RELEASE_BYTES ? PyEval_SaveThread() : NULL;
+        int good = tfrecord_copy(buf, spans, records, n, verify), failed = 0;
+        if (saved != NULL)
+            PyEval_RestoreThread(saved);
         for (int i = 0; i < n; i++) {
             if (i < good && !failed && PyList_Append(out, records[i]) < 0)
                 failed = 1;
@@ -172,7 +184,7 @@ static PyObject *py_scan_tfrecords(PyObject *self, PyObject *args, PyObject *kwa
             status = ST_BAD_DATA;
             break;
         }
-        pos = p;
+        pos = next;
         if (n < SCAN_BATCH || stopped)
             break;
     }
