@@ -1159,6 +1159,66 @@ static PyObject *recordio_field_name(PyObject *name_tuple)
     return out;
 }
 
+/* Split names by section: features (1) and label (2) keys are looked up separately, each
+ * index mapping back to the caller's position j. Checks names and kinds; 0 or -1 with an
+ * exception set (ix[] then needs no release). */
+static int section_names(PyObject *names_seq, PyObject *kinds_seq, Py_ssize_t nf, int *kinds,
+                         name_index ix[2])
+{
+    int have_ix = 0;
+    PyObject **by_section[2];
+    Py_ssize_t n_in[2] = {0, 0}, *ids[2];
+    for (int sct = 0; sct < 2; sct++) {
+        by_section[sct] = PyMem_Calloc(nf ? nf : 1, sizeof(PyObject *));
+        ids[sct] = PyMem_Calloc(nf ? nf : 1, sizeof(Py_ssize_t));
+    }
+    int ok = by_section[0] && by_section[1] && ids[0] && ids[1];
+    if (!ok)
+        PyErr_NoMemory();
+    for (Py_ssize_t j = 0; ok && j < nf; j++) {
+        PyObject *name = PyTuple_GET_ITEM(names_seq, j);
+        long section = -1, k;
+        if (PyTuple_Check(name) && PyTuple_GET_SIZE(name) == 2) {
+            section = PyLong_AsLong(PyTuple_GET_ITEM(name, 0));
+            if (section == -1 && PyErr_Occurred())
+                PyErr_Clear();
+        }
+        if ((section != 1 && section != 2) || !PyBytes_Check(PyTuple_GET_ITEM(name, 1))) {
+            PyErr_SetString(PyExc_TypeError, "names must be (section 1 or 2, key bytes) tuples");
+            ok = 0;
+            break;
+        }
+        k = PyLong_AsLong(PyTuple_GET_ITEM(kinds_seq, j));
+        if (k == -1 && PyErr_Occurred()) {
+            ok = 0;
+            break;
+        }
+        if (k != RKIND_FLOAT32 && k != RKIND_FLOAT64 && k != RKIND_INT32 && k != RKIND_BYTES) {
+            PyErr_Format(PyExc_ValueError, "kinds must be 2, 3, 7 or 9, not %ld", k);
+            ok = 0;
+            break;
+        }
+        kinds[j] = (int)k;
+        by_section[section - 1][n_in[section - 1]] = PyTuple_GET_ITEM(name, 1);
+        ids[section - 1][n_in[section - 1]++] = j;
+    }
+    if (ok && names_build(&ix[0], by_section[0], n_in[0]) == 0) {
+        if (names_build(&ix[1], by_section[1], n_in[1]) == 0) {
+            have_ix = 1;
+            ix[0].ids = ids[0];
+            ix[1].ids = ids[1];
+            ids[0] = ids[1] = NULL;
+        } else {
+            names_release(&ix[0]);
+        }
+    }
+    PyMem_Free(by_section[0]);
+    PyMem_Free(by_section[1]);
+    PyMem_Free(ids[0]);
+    PyMem_Free(ids[1]);
+    return have_ix ? 0 : -1;
+}
+
 PyDoc_STRVAR(parse_recordio_protobuf_doc,
 "parse_recordio_protobuf(records, names, kinds)\n"
 "    -> (values, counts, keys, key_counts, shapes, shape_counts)\n\n"
@@ -1212,61 +1272,9 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             PyErr_NoMemory();
         goto done;
     }
-    /* Split names by section: features (1) and label (2) keys are looked up separately. */
-    {
-        PyObject **by_section[2];
-        Py_ssize_t n_in[2] = {0, 0}, *ids[2];
-        for (int sct = 0; sct < 2; sct++) {
-            by_section[sct] = PyMem_Calloc(nf ? nf : 1, sizeof(PyObject *));
-            ids[sct] = PyMem_Calloc(nf ? nf : 1, sizeof(Py_ssize_t));
-        }
-        int ok = by_section[0] && by_section[1] && ids[0] && ids[1];
-        if (!ok)
-            PyErr_NoMemory();
-        for (Py_ssize_t j = 0; ok && j < nf; j++) {
-            PyObject *name = PyTuple_GET_ITEM(names_seq, j);
-            long section = -1, k;
-            if (PyTuple_Check(name) && PyTuple_GET_SIZE(name) == 2) {
-                section = PyLong_AsLong(PyTuple_GET_ITEM(name, 0));
-                if (section == -1 && PyErr_Occurred())
-                    PyErr_Clear();
-            }
-            if ((section != 1 && section != 2) || !PyBytes_Check(PyTuple_GET_ITEM(name, 1))) {
-                PyErr_SetString(PyExc_TypeError, "names must be (section 1 or 2, key bytes) tuples");
-                ok = 0;
-                break;
-            }
-            k = PyLong_AsLong(PyTuple_GET_ITEM(kinds_seq, j));
-            if (k == -1 && PyErr_Occurred()) {
-                ok = 0;
-                break;
-            }
-            if (k != RKIND_FLOAT32 && k != RKIND_FLOAT64 && k != RKIND_INT32 && k != RKIND_BYTES) {
-                PyErr_Format(PyExc_ValueError, "kinds must be 2, 3, 7 or 9, not %ld", k);
-                ok = 0;
-                break;
-            }
-            kinds[j] = (int)k;
-            by_section[section - 1][n_in[section - 1]] = PyTuple_GET_ITEM(name, 1);
-            ids[section - 1][n_in[section - 1]++] = j;
-        }
-        if (ok && names_build(&ix[0], by_section[0], n_in[0]) == 0) {
-            if (names_build(&ix[1], by_section[1], n_in[1]) == 0) {
-                have_ix = 1;
-                ix[0].ids = ids[0];
-                ix[1].ids = ids[1];
-                ids[0] = ids[1] = NULL;
-            } else {
-                names_release(&ix[0]);
-            }
-        }
-        PyMem_Free(by_section[0]);
-        PyMem_Free(by_section[1]);
-        PyMem_Free(ids[0]);
-        PyMem_Free(ids[1]);
-        if (!have_ix)
-            goto done;
-    }
+    if (section_names(names_seq, kinds_seq, nf, kinds, ix) < 0)
+        goto done;
+    have_ix = 1;
     if (found_init(&found, nf) < 0)
         goto done;
     have_found = 1;
