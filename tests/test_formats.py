@@ -296,3 +296,56 @@ def test_recordio_invalid_cflag_is_a_corrupt_header(cflag):
     assert info.value.offset == 12 and info.value.record_index == 1
     stream += encode("recordio", [b"next"])
     assert frame_all("recordio", stream, on_error="skip")[0] == [b"good", b"next"]
+
+
+def _inflate_length(stream: bytearray, at: int, bit: int) -> None:
+    """Flip one bit of the RecordIO length field of the frame at ``at``."""
+    lrec = struct.unpack_from("<I", stream, at + 4)[0] ^ (1 << bit)
+    struct.pack_into("<I", stream, at + 4, lrec)
+
+
+@pytest.mark.parametrize("bit", [9, 16, 27, 28])  # a few KiB, 64 KiB, 128 MiB, over the limit
+@pytest.mark.parametrize("multipart", ["dmlc", "concat"])
+def test_recordio_damaged_length_loses_only_its_record(bit, multipart):
+    # 48-byte frames: a length grown by 2**bit never ends exactly on another frame's start (that
+    # coincidence, about 1 length flip in 12 here, is one no check without a checksum can see)
+    records = [os.urandom(40) for i in range(200)]
+    stream = bytearray(b"".join(encode_recordio(r, multipart=multipart) for r in records))
+    at = sum(len(encode_recordio(r)) for r in records[:50])
+    _inflate_length(stream, at, bit)
+    for cuts in ([], list(range(0, len(stream), 4096)), list(range(0, len(stream), 61))):
+        out, framer = frame_all("recordio", bytes(stream), cuts, on_error="skip",
+                                multipart=multipart)
+        assert out == records[:50] + records[51:]
+        assert framer.skipped_records == 1
+        assert framer.skipped_bytes == len(encode_recordio(records[50]))
+
+
+def test_recordio_damaged_length_raises_at_its_record_with_the_records_before_delivered():
+    records = [b"r%03d" % i * 10 for i in range(20)]
+    stream = bytearray(encode("recordio", records))
+    at = len(encode("recordio", records[:5]))
+    _inflate_length(stream, at, 12)  # the frame now reaches past the end of the stream
+    framer = make_framer("recordio", source="s")
+    assert framer.feed(bytes(stream)) == records[:5]
+    with pytest.raises(FormatError) as info:
+        framer.finish()
+    assert info.value.offset == at and info.value.record_index == 5
+    _inflate_length(stream, at, 12)
+    _inflate_length(stream, at, 4)  # now it ends inside the stream, inside the next frame
+    framer = make_framer("recordio", source="s")
+    assert framer.feed(bytes(stream)) == records[:5]
+    with pytest.raises(CorruptRecordError, match="corrupt length") as info:
+        framer.finish()
+    assert info.value.offset == at and info.value.record_index == 5
+
+
+def test_recordio_last_record_and_a_record_at_a_chunk_end_are_not_held_back():
+    records = [b"a" * 12, b"b" * 7, b"c" * 30]
+    stream = encode("recordio", records)
+    framer = make_framer("recordio", source="s")
+    first = len(encode_recordio(records[0]))
+    # a frame that ends exactly where the bytes so far end is delivered at once
+    assert framer.feed(stream[:first]) == records[:1]
+    assert framer.feed(stream[first:]) == records[1:]
+    assert framer.finish() == []

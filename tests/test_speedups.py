@@ -218,9 +218,12 @@ def test_scan_recordio_reports_each_status_like_the_reference():
     whole = encode_recordio(b"abcdefg")
     multi = encode_recordio(b"ab" * 4 + MAGIC_BYTES + b"cd")
     cases = {
-        "ok": (whole * 3, 1000, _framing.OK),
-        "special": (whole + multi, 1000, _framing.SPECIAL),
-        "bad magic": (whole + b"\0" * 12, 1000, _framing.BAD_HEADER),
+        "ok": (whole * 3 + whole[:9], 1000, _framing.OK),
+        # the last frame: nothing follows it yet, so nothing confirms its length
+        "ends the buffer": (whole * 3, 1000, _framing.UNCONFIRMED),
+        "special": (whole + multi + whole, 1000, _framing.SPECIAL),
+        "not followed by the magic": (whole + b"\0" * 12, 1000, _framing.UNCONFIRMED),
+        "bad magic": (b"\0" * 12 + whole, 1000, _framing.BAD_HEADER),
         "too large": (whole, 6, _framing.TOO_LARGE),
         "partial": (whole + whole[:9], 1000, _framing.OK),
     }
@@ -328,7 +331,7 @@ def test_framers_read_a_valid_stream_the_same_with_the_header_split_anywhere():
 def test_struct_layouts_match_the_c_constants():
     # The C code hard-codes the formats' layouts and the statuses; keep them in step.
     assert (_framing.OK, _framing.BAD_HEADER, _framing.BAD_DATA, _framing.TOO_LARGE,
-            _framing.SPECIAL) == (0, 1, 2, 3, 4)
+            _framing.SPECIAL, _framing.UNCONFIRMED) == (0, 1, 2, 3, 4, 5)
     assert struct.unpack("<I", MAGIC_BYTES)[0] == 0xCED7230A
 
 
@@ -1001,3 +1004,104 @@ def test_decode_kernels_read_a_list_another_thread_empties_meanwhile():
             assert got[0][0].tobytes() == expected[0][0].tobytes()
         else:  # the list was emptied before the call began
             assert got[1].shape[0] == 0
+
+
+# -- resynchronisation kernels (issue #10, finding 7) ----------------------------------------------
+
+from streamio.formats.recordio import find_recordio_sync  # noqa: E402
+from streamio.formats.tfrecord import find_tfrecord_sync  # noqa: E402
+
+
+@st.composite
+def garbage_with_headers(draw, stream_strategy):
+    """Garbage (random bytes, runs of one byte) with whole or cut valid frames planted in it."""
+    pieces = draw(st.lists(st.one_of(
+        st.binary(max_size=40),
+        st.tuples(st.sampled_from([0, 0xFF, 0x0A]), st.integers(1, 60)).map(
+            lambda t: bytes([t[0]]) * t[1]),
+        stream_strategy,
+        stream_strategy.map(lambda s: s[:len(s) // 2])), max_size=6))
+    return b"".join(pieces)
+
+
+sync_limits = st.one_of(st.just(1 << 28), st.sampled_from([0, 5, 64, -1, 1 << 60, 1 << 70]))
+
+
+@SLOW_OK
+@given(data=garbage_with_headers(tfrecord_streams), limit=sync_limits, wrap=buffer_types,
+       draw=st.data())
+def test_find_tfrecord_sync_equals_reference(data, limit, wrap, draw):
+    pos, end = draw.draw(pos_end(len(data)))
+    buf = wrap(data)
+    assert speedups.find_tfrecord_sync(buf, pos, end, limit) == \
+        find_tfrecord_sync(buf, pos, end, limit)
+
+
+@SLOW_OK
+@given(data=garbage_with_headers(recordio_payloads.map(recordio_stream)), limit=sync_limits,
+       base=st.integers(0, 7), wrap=buffer_types, draw=st.data())
+def test_find_recordio_sync_equals_reference(data, limit, base, wrap, draw):
+    pos, end = draw.draw(pos_end(len(data)))
+    buf = wrap(data)
+    assert speedups.find_recordio_sync(buf, pos, end, base, limit) == \
+        find_recordio_sync(buf, pos, end, base, limit)
+
+
+def test_find_sync_kernels_find_the_planted_header_after_long_garbage():
+    frame = encode_tfrecord(b"payload")
+    for garbage in (bytes(300_000), os.urandom(300_000), b"\xff" * 300_001):
+        data = garbage + frame
+        for fn in (speedups.find_tfrecord_sync, find_tfrecord_sync):
+            assert fn(data, 0, len(data), 1 << 28) == len(garbage)
+            assert fn(data, 0, len(data) - 1, 1 << 28) in (len(garbage), -1)
+        rec = encode_recordio(b"payload")
+        data = garbage[:len(garbage) & ~3] + rec
+        for base in (0, 1, 4):
+            expect = len(garbage) & ~3 if base % 4 == 0 else -1
+            got = speedups.find_recordio_sync(data, 0, len(data), base, 1 << 28)
+            assert got == find_recordio_sync(data, 0, len(data), base, 1 << 28)
+            assert got == expect or (base % 4 and got < len(garbage))
+
+
+def test_find_sync_kernels_reject_bad_arguments():
+    with pytest.raises(ValueError):
+        speedups.find_tfrecord_sync(b"x" * 20, -1, 20, 100)
+    with pytest.raises(ValueError):
+        speedups.find_recordio_sync(b"x" * 20, 0, 21, 0, 100)
+    with pytest.raises(TypeError):
+        speedups.find_recordio_sync(b"x" * 20, 0, 20, 100)
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+@pytest.mark.parametrize("accelerate", [True, False])
+def test_garbage_between_records_is_skipped_and_counted_across_chunks(fmt, accelerate):
+    cls = TFRecordFramer if fmt == "tfrecord" else RecordIOFramer
+    encode_one = encode_tfrecord if fmt == "tfrecord" else encode_recordio
+    garbage = bytes(50_000) + os.urandom(50_000) + b"\xff" * 10_000  # RecordIO: 4-aligned
+    data = encode_one(b"before") + garbage + encode_one(b"after")
+    for chunk in (1 << 20, 4096, 7):
+        if chunk == 7 and not accelerate:
+            continue  # byte-sized chunks through the pure-Python TFRecord search: too slow
+        framer = cls(source="g", on_error="skip", accelerate=accelerate)
+        out = []
+        for at in range(0, len(data), chunk):
+            out += framer.feed(data[at:at + chunk])
+        out += framer.finish()
+        assert out == [b"before", b"after"], chunk
+        assert framer.skipped_bytes == len(garbage) and framer.skipped_records == 1, chunk
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "recordio"])
+def test_a_gzip_of_zeros_read_under_skip_ends_with_every_byte_skipped(tmp_path, fmt):
+    import gzip
+
+    import streamio
+    from streamio.reader import RecordReader
+
+    path = tmp_path / f"zeros.{fmt}.gz"
+    path.write_bytes(gzip.compress(bytes(10 * 1024 * 1024), compresslevel=1))
+    assert path.stat().st_size < 100_000
+    reader = RecordReader(str(path), fmt, on_error="skip")
+    assert list(reader) == []
+    assert reader.stats.skipped_bytes == 10 * 1024 * 1024
+    assert list(streamio.read_records(str(path), fmt, on_error="skip")) == []

@@ -21,6 +21,9 @@ BAD_HEADER = 1  # the frame header does not check out (length CRC, magic number)
 BAD_DATA = 2  # the payload's checksum does not match; the header (so the frame size) is sound
 TOO_LARGE = 3  # the length field exceeds max_record_size
 SPECIAL = 4  # a frame the format handles itself (RecordIO multi-part); it is whole in the buffer
+# A whole frame not followed by the next frame's start, or followed by too few bytes to tell
+# (RecordIO, whose length has no checksum: the framer decides whether to trust it).
+UNCONFIRMED = 5
 
 
 def as_bytes_view(chunk) -> memoryview:
@@ -42,6 +45,7 @@ class LengthPrefixedFramer(FramerBase):
         self._fed = 0
         self._resync = False  # searching for the next sound header after corruption
         self._discard = 0  # bytes of an oversized (but soundly framed) record still to drop
+        self._at_eof = False  # finish() is framing what the tail held: nothing more will come
 
     # -- hooks --------------------------------------------------------------------------------
     def _scan(self, buf, pos: int, end: int, out: list) -> tuple[int, int]:
@@ -51,8 +55,12 @@ class LengthPrefixedFramer(FramerBase):
         """Total size of the frame whose sound header starts at ``buf[pos]``."""
         raise NotImplementedError
 
-    def _header_is_sound(self, buf, pos: int, base: int) -> bool:
-        """Whether ``buf[pos:pos+HEADER]`` is a plausible frame start (used to resynchronise)."""
+    def _find_sync(self, buf, pos: int, end: int, base: int) -> Optional[int]:
+        """The first ``q`` in ``[pos, end - HEADER]`` where a sound frame header starts, or None.
+
+        ``base`` is the stream offset of ``buf[0]``. Formats call their resync kernel (C, or a
+        pure-Python reference that avoids testing offsets one by one where it can).
+        """
         raise NotImplementedError
 
     def _header_fault(self, buf, pos: int, offset: int) -> FormatError:
@@ -66,6 +74,14 @@ class LengthPrefixedFramer(FramerBase):
 
     def _special(self, buf, pos: int, end: int, base: int, out: list) -> Optional[int]:
         raise NotImplementedError
+
+    def _unconfirmed(self, buf, pos: int, end: int, base: int, out: list) -> Optional[int]:
+        raise NotImplementedError
+
+    # Whether a frame cut short by the end of the stream may hold whole frames after its header
+    # (its length being the corrupt part): RecordIO, whose length has no checksum, looks for them
+    # under on_error="skip"; TFRecord's length CRC rules that out.
+    RESCAN_TRUNCATED = False
 
     # -- public -------------------------------------------------------------------------------
     @property
@@ -90,14 +106,32 @@ class LengthPrefixedFramer(FramerBase):
                 source=self.source, offset=self._fed, record_index=self.record_index - 1)
             self._discard = 0
             self._end_fault(err, 0)
-        elif self._resync:
-            self.skipped_bytes += len(self._tail)
-            self._tail = bytearray()
-        elif self._tail:
-            err = self._truncated(len(self._tail))
-            self._end_fault(err, len(self._tail))
+        else:
+            self._at_eof = True
+            self._drain_tail(out)
         self._finish_extra(out)
         return out
+
+    def _drain_tail(self, out: list) -> None:
+        """End of stream: frame what the tail still holds (a frame held back, a truncated one)."""
+        while self._tail and self._error is None:
+            if self._resync:
+                self.skipped_bytes += len(self._tail)
+                self._tail = bytearray()
+                return
+            tail = memoryview(bytes(self._tail))
+            self._tail = bytearray()
+            if len(tail) >= self.HEADER and self._frame_size(tail, 0) <= len(tail):
+                self._run(tail, 0, out)  # a whole frame held back for what would follow it
+                continue
+            err = self._truncated(len(tail))
+            if not self.RESCAN_TRUNCATED or self.on_error == "raise" or len(tail) <= 1:
+                self._end_fault(err, len(tail))
+                return
+            self._skip(err, 1)  # the record; the rest are counted as the resynchronisation drops them
+            self._resync = True
+            self._consumed += 1
+            self._run(tail, 1, out)
 
     def _truncated(self, held: int) -> TruncatedStreamError:
         return self._fault(
@@ -146,7 +180,7 @@ class LengthPrefixedFramer(FramerBase):
         """Bytes the tail must hold before it is framed: a whole frame if the header is sound."""
         probe: list = []
         pos, status = self._scan(tail, 0, self.HEADER, probe)
-        if status == OK or status == SPECIAL or status == BAD_DATA:
+        if status in (OK, SPECIAL, BAD_DATA, UNCONFIRMED):
             return self._frame_size(tail, 0)
         return self.HEADER  # a faulty header is handled as soon as it is whole
 
@@ -166,11 +200,27 @@ class LengthPrefixedFramer(FramerBase):
             pos = self._discard_from(view, pos)
             if pos is None:
                 return
-        if self._tail:  # a resynchronisation carried over from the previous chunk: rare, so copy
+        if self._tail and self._resync and self._junction_is_garbage(view, pos):
+            # Searching garbage: the few bytes kept from the last chunk start no header, so go on
+            # in this chunk without copying it (a stream of garbage must scan at memory speed).
+            self.skipped_bytes += len(self._tail)
+            self._consumed += len(self._tail)
+            self._tail = bytearray()
+        if self._tail:  # carried over from the previous chunk (a frame held back, a header
+            # straddling the chunks while resynchronising): rare, so copy
             view = memoryview(bytes(self._tail) + bytes(view[pos:]))
             self._tail = bytearray()
             pos = 0
         self._run(view, pos, out)
+
+    def _junction_is_garbage(self, view, pos: int) -> bool:
+        """Whether no sound header starts in the tail kept while resynchronising (< HEADER bytes),
+        given the bytes of this chunk that follow it."""
+        held = len(self._tail)
+        junction = bytes(self._tail) + bytes(view[pos:pos + self.HEADER - 1])
+        end = min(len(junction), held + self.HEADER - 1)
+        sync = self._find_sync(junction, 0, end, self._consumed)
+        return sync is None and len(junction) == held + self.HEADER - 1
 
     def _run(self, buf, pos: int, out: list) -> None:
         """Frame ``buf[pos:]``; ``buf[pos]`` is at stream offset ``self._consumed``."""
@@ -201,16 +251,12 @@ class LengthPrefixedFramer(FramerBase):
                 return
             self._consumed = base + pos
 
-    def _find_sync(self, buf, pos: int, end: int, base: int) -> Optional[int]:
-        for q in range(pos, end - self.HEADER + 1):
-            if self._header_is_sound(buf, q, base):
-                return q
-        return None
-
     def _on_fault(self, status: int, buf, pos: int, end: int, base: int, out: list) -> Optional[int]:
         offset = base + pos
         if status == SPECIAL:
             return self._special(buf, pos, end, base, out)
+        if status == UNCONFIRMED:
+            return self._unconfirmed(buf, pos, end, base, out)
         if status == BAD_DATA:
             err = self._data_fault(buf, pos, offset)
             if self._stop(err):
@@ -255,5 +301,5 @@ class LengthPrefixedFramer(FramerBase):
 
 __all__ = [
     "BAD_DATA", "BAD_HEADER", "LengthPrefixedFramer", "OK", "SPECIAL",
-    "TOO_LARGE", "as_bytes_view",
+    "TOO_LARGE", "UNCONFIRMED", "as_bytes_view",
 ]

@@ -15,13 +15,14 @@ record split in parts is cflag 1 (first), 2 (middle)..., 3 (last). Two conventio
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Literal, Optional
 
 from ..errors import CorruptRecordError, FormatError, RecordTooLargeError, TruncatedStreamError
 from ..errors import UsageError
 from ._base import DEFAULT_MAX_RECORD_SIZE, OnError
-from ._framing import BAD_HEADER, OK, SPECIAL, TOO_LARGE, LengthPrefixedFramer
+from ._framing import BAD_HEADER, OK, SPECIAL, TOO_LARGE, UNCONFIRMED, LengthPrefixedFramer
 
 MAGIC = 0xCED7230A
 MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -35,9 +36,12 @@ _HEADER = struct.Struct("<II")
 def scan_recordio(buf, pos: int, end: int, max_record_size: int, out: list) -> tuple[int, int]:
     """Frame whole cflag-0 records from ``buf[pos:end]`` into ``out``.
 
-    Stops with ``SPECIAL`` at a whole multi-part frame (the framer assembles parts), ``BAD_HEADER``
-    at a wrong magic number, ``TOO_LARGE`` at a length over the limit, ``OK`` when the next frame
-    is not whole yet. Reference implementation of ``streamio._speedups.scan_recordio``.
+    RecordIO has no checksum, so a frame is taken only when the next frame's magic number follows
+    it: a length damaged in transit is caught before it swallows the records after it. Stops with
+    ``SPECIAL`` at a whole multi-part frame (the framer assembles parts), ``BAD_HEADER`` at a wrong
+    magic number, ``TOO_LARGE`` at a length over the limit, ``UNCONFIRMED`` at a whole frame not
+    followed by the magic (or by fewer than 4 bytes: the framer decides), ``OK`` when the next
+    frame is not whole yet. Reference implementation of ``streamio._speedups.scan_recordio``.
     """
     unpack = _HEADER.unpack_from
     append = out.append
@@ -49,19 +53,48 @@ def scan_recordio(buf, pos: int, end: int, max_record_size: int, out: list) -> t
         if length > max_record_size:
             return pos, TOO_LARGE
         stop = pos + HEADER_SIZE + length
-        if stop + (-length & 3) > end:
+        frame_end = stop + (-length & 3)
+        if frame_end > end:
             return pos, OK
+        if end - frame_end < 4 or buf[frame_end:frame_end + 4] != MAGIC_BYTES:
+            return pos, UNCONFIRMED
         if lrec >> 29:
             return pos, SPECIAL
         append(bytes(buf[pos + HEADER_SIZE:stop]))
-        pos = stop + (-length & 3)
+        pos = frame_end
     return pos, OK
 
 
+_MAGIC_SEARCH = re.compile(re.escape(MAGIC_BYTES)).search  # works on any buffer, no copy
+
+
+def find_recordio_sync(buf, pos: int, end: int, base: int, max_record_size: int) -> int:
+    """The first ``q`` in ``[pos, end - 8]`` where a record can start, or -1.
+
+    A record (or the first part of one) starts at a 4-aligned stream offset (``base + q``) with
+    the magic number, cflag 0 or 1 and a length within ``max_record_size``. Reference of
+    ``streamio._speedups.find_recordio_sync``; searching for the magic with ``re`` keeps even this
+    pure-Python version fast on garbage.
+    """
+    last = end - HEADER_SIZE
+    while pos <= last:
+        hit = _MAGIC_SEARCH(buf, pos, last + 4)
+        if hit is None:
+            return -1
+        q = hit.start()
+        if not (base + q) & 3:
+            lrec = _HEADER.unpack_from(buf, q)[1]
+            if lrec >> 29 <= 1 and lrec & LENGTH_MASK <= max_record_size:
+                return q
+        pos = q + 1
+    return -1
+
+
 try:
+    from .._speedups import find_recordio_sync as _fast_find_recordio_sync  # type: ignore
     from .._speedups import scan_recordio as _fast_scan_recordio  # type: ignore
 except ImportError:  # pragma: no cover - depends on the build
-    _fast_scan_recordio = None
+    _fast_scan_recordio = _fast_find_recordio_sync = None
 
 
 def encode_recordio(payload, *, multipart: Multipart = "dmlc") -> bytes:
@@ -112,7 +145,9 @@ class RecordIOFramer(LengthPrefixedFramer):
             raise UsageError(f"multipart must be one of {MULTIPART_CHOICES}, not {multipart!r}")
         self.multipart = multipart
         self._joiner = MAGIC_BYTES if multipart == "dmlc" else b""
-        self._kernel = _fast_scan_recordio if accelerate and _fast_scan_recordio else scan_recordio
+        fast = accelerate and _fast_scan_recordio is not None
+        self._kernel = _fast_scan_recordio if fast else scan_recordio
+        self._sync_kernel = _fast_find_recordio_sync if fast else find_recordio_sync
         self._parts: Optional[list] = None  # parts of the record being assembled
         self._parts_size = 0
         self._parts_offset = 0  # stream offset of the first part
@@ -129,8 +164,11 @@ class RecordIOFramer(LengthPrefixedFramer):
             length = lrec & LENGTH_MASK
             if length > self.max_record_size:
                 return pos, TOO_LARGE
-            if pos + HEADER_SIZE + length + (-length & 3) > end:
+            frame_end = pos + HEADER_SIZE + length + (-length & 3)
+            if frame_end > end:
                 return pos, OK
+            if end - frame_end < 4 or buf[frame_end:frame_end + 4] != MAGIC_BYTES:
+                return pos, UNCONFIRMED
             return pos, SPECIAL
         before = len(out)
         result = self._kernel(buf, pos, end, self.max_record_size, out)
@@ -141,15 +179,58 @@ class RecordIOFramer(LengthPrefixedFramer):
         length = _HEADER.unpack_from(buf, pos)[1] & LENGTH_MASK
         return HEADER_SIZE + length + (-length & 3)
 
-    def _header_is_sound(self, buf, pos, base):
-        # A record (or a first part) starts on a 4-aligned stream offset with the magic number.
-        if (base + pos) & 3:
-            return False
-        magic, lrec = _HEADER.unpack_from(buf, pos)
-        return magic == MAGIC and lrec >> 29 in (0, 1) and lrec & LENGTH_MASK <= self.max_record_size
+    # A frame cut short by the end of the stream may be one whose length was damaged: under
+    # on_error="skip" the records in the bytes it held are still found.
+    RESCAN_TRUNCATED = True
+
+    def _find_sync(self, buf, pos, end, base):
+        q = self._sync_kernel(buf, pos, end, base, self.max_record_size)
+        return None if q < 0 else q
 
     def _length_is_trusted(self, buf, pos):
-        return True  # the magic number checked out
+        # No checksum covers the length: an oversized one is as likely a damaged one, so the
+        # framer resynchronises (on the next aligned magic) instead of dropping that many bytes.
+        return False
+
+    def _unconfirmed(self, buf, pos, end, base, out) -> Optional[int]:
+        """A whole frame that the next frame's magic number does not follow (or not yet).
+
+        If the frame would hold the start of another record (an aligned magic with a sound
+        header), its length is the likely damage: drop the frame and go on at that record. If it
+        holds none, the length is plausible: take the frame (what follows it is checked next).
+        With fewer than 4 bytes after it, wait for them unless the stream has ended.
+        """
+        size = self._frame_size(buf, pos)
+        frame_end = pos + size
+        inner = self._sync_kernel(buf, pos + HEADER_SIZE, min(end, frame_end + HEADER_SIZE - 1),
+                                  base, self.max_record_size)
+        if inner < 0 or (self._at_eof and frame_end == end):
+            return self._take(buf, pos, end, base, out)
+        if end - frame_end < 4 and not self._at_eof:
+            self._tail = bytearray(buf[pos:end])  # held: at most max_record_size + 15 bytes
+            return None
+        length = _HEADER.unpack_from(buf, pos)[1] & LENGTH_MASK
+        err = self._fault(
+            CorruptRecordError,
+            f"RecordIO part #{self._frames + 1}: length {length} is not followed by the magic"
+            f" number, and the frame would swallow the record at byte {base + inner}"
+            " (corrupt length)", base + pos)
+        self._drop_parts()
+        if self._stop(err):
+            return None
+        self._skip(err, inner - pos)
+        return inner
+
+    def _take(self, buf, pos, end, base, out) -> Optional[int]:
+        """Take the whole frame at ``pos`` as the kernel would have."""
+        lrec = _HEADER.unpack_from(buf, pos)[1]
+        if self._parts is not None or lrec >> 29:
+            return self._special(buf, pos, end, base, out)
+        length = lrec & LENGTH_MASK
+        out.append(bytes(buf[pos + HEADER_SIZE:pos + HEADER_SIZE + length]))
+        self.records += 1
+        self._frames += 1
+        return pos + self._frame_size(buf, pos)
 
     def _header_fault(self, buf, pos, offset) -> FormatError:
         magic = _HEADER.unpack_from(buf, pos)[0]
@@ -173,6 +254,26 @@ class RecordIOFramer(LengthPrefixedFramer):
             self._parts = None
             self._parts_size = 0
 
+    def _magic_inside(self, buf, pos: int, length: int, base: int) -> int:
+        """With "dmlc", the offset of an aligned magic number inside the frame's payload, or -1.
+
+        MXNet's writer splits a payload at every aligned magic, so a part never holds one: if it
+        does, its length is damaged and it swallowed the frames after it (a coincidence the
+        next-magic check misses when the bad length ends exactly on another frame). Checked for
+        multi-part frames, which pass through Python anyway.
+        """
+        if self.multipart != "dmlc":
+            return -1
+        q, stop = pos + HEADER_SIZE, pos + HEADER_SIZE + length
+        while True:
+            hit = _MAGIC_SEARCH(buf, q, stop)
+            if hit is None:
+                return -1
+            q = hit.start()
+            if not (base + q) & 3:
+                return q
+            q += 1
+
     def _special(self, buf, pos, end, base, out) -> Optional[int]:
         """Handle one whole frame of a multi-part record (or a cflag 0 frame inside one)."""
         lrec = _HEADER.unpack_from(buf, pos)[1]
@@ -181,10 +282,14 @@ class RecordIOFramer(LengthPrefixedFramer):
         self._frames += 1
         part = bytes(buf[pos + HEADER_SIZE:pos + HEADER_SIZE + length])
         offset = base + pos
-        if cflag > 3:  # three bits, but only 0..3 mean anything: a corrupt header
+        swallowed = self._magic_inside(buf, pos, length, base)
+        if cflag > 3 or swallowed >= 0:  # cflag: three bits, but only 0..3 mean anything
             self._frames -= 1
-            err = self._fault(CorruptRecordError,
-                              f"RecordIO part #{self._frames + 1}: invalid cflag {cflag}", offset)
+            what = (f"invalid cflag {cflag}" if cflag > 3 else
+                    f"length {length} would swallow the frame at byte {base + swallowed}"
+                    " (corrupt length)")
+            err = self._fault(CorruptRecordError, f"RecordIO part #{self._frames + 1}: {what}",
+                              offset)
             self._drop_parts()
             if self._stop(err):
                 return None

@@ -66,10 +66,33 @@ def scan_tfrecords(buf, pos: int, end: int, verify: bool, max_record_size: int,
     return pos, OK
 
 
+def find_tfrecord_sync(buf, pos: int, end: int, max_record_size: int) -> int:
+    """The first ``q`` in ``[pos, end - 12]`` where a sound TFRecord header starts, or -1.
+
+    Sound: the length is within ``max_record_size`` and its masked CRC checks out (always checked
+    here, even with verify=False: it is the only way to tell a frame boundary from payload bytes).
+    Reference of ``streamio._speedups.find_tfrecord_sync``. It tests every offset; the CRC of a
+    length is computed once per distinct length in a row (garbage such as a run of zeros repeats
+    one), and lengths over the limit are rejected before any CRC.
+    """
+    unpack = _HEADER.unpack_from
+    last_length, last_crc = -1, 0
+    for q in range(pos, end - HEADER_SIZE + 1):
+        length, length_crc = unpack(buf, q)
+        if length > max_record_size:
+            continue
+        if length != last_length:
+            last_length, last_crc = length, masked_crc32c(buf[q:q + 8])
+        if last_crc == length_crc:
+            return q
+    return -1
+
+
 try:  # the C accelerator, if it was built; tests compare it with the reference above
+    from .._speedups import find_tfrecord_sync as _fast_find_tfrecord_sync  # type: ignore
     from .._speedups import scan_tfrecords as _fast_scan_tfrecords  # type: ignore
 except ImportError:  # pragma: no cover - depends on the build
-    _fast_scan_tfrecords = None
+    _fast_scan_tfrecords = _fast_find_tfrecord_sync = None
 
 
 def encode_tfrecord(payload) -> bytes:
@@ -89,8 +112,9 @@ class TFRecordFramer(LengthPrefixedFramer):
                  accelerate: bool = True) -> None:
         super().__init__(on_error=on_error, max_record_size=max_record_size, source=source)
         self.verify = bool(verify)
-        kernel = _fast_scan_tfrecords if accelerate and _fast_scan_tfrecords else scan_tfrecords
-        self._kernel = kernel
+        fast = accelerate and _fast_scan_tfrecords is not None
+        self._kernel = _fast_scan_tfrecords if fast else scan_tfrecords
+        self._sync_kernel = _fast_find_tfrecord_sync if fast else find_tfrecord_sync
 
     def _scan(self, buf, pos, end, out):
         return self._kernel(buf, pos, end, self.verify, self.max_record_size, out)
@@ -98,11 +122,9 @@ class TFRecordFramer(LengthPrefixedFramer):
     def _frame_size(self, buf, pos):
         return HEADER_SIZE + _HEADER.unpack_from(buf, pos)[0] + FOOTER_SIZE
 
-    def _header_is_sound(self, buf, pos, base):
-        # Resynchronising always checks the length CRC, even with verify=False: it is the only
-        # way to tell a frame boundary from payload bytes.
-        length, length_crc = _HEADER.unpack_from(buf, pos)
-        return length <= self.max_record_size and masked_crc32c(buf[pos:pos + 8]) == length_crc
+    def _find_sync(self, buf, pos, end, base):
+        q = self._sync_kernel(buf, pos, end, self.max_record_size)
+        return None if q < 0 else q
 
     def _length_is_trusted(self, buf, pos):
         length, length_crc = _HEADER.unpack_from(buf, pos)
