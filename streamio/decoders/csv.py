@@ -27,7 +27,7 @@ from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec
 
-try:  # the C kernel (streamio/_speedups.c): exactly np.loadtxt's values for plain numbers
+try:  # the C kernel (streamio/_c/csv.c): exactly np.loadtxt's values for plain numbers
     from .._speedups import parse_csv_floats as _c_parse_csv_floats
 except ImportError:  # pragma: no cover - depends on the build
     _c_parse_csv_floats = None

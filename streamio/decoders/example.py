@@ -40,7 +40,7 @@ from ._wire import (WireError, _skip_value, decode_packed_varints, encode_packed
 from .sparse import SparseBatch
 from .spec import FieldSpec
 
-try:  # the C kernel (streamio/_speedups.c); tests/test_speedups.py holds it to parse_examples
+try:  # the C kernel (streamio/_c/protobuf.c); tests/test_speedups.py holds it to parse_examples
     from .._speedups import parse_examples as _c_parse_examples
 except ImportError:  # pragma: no cover - depends on the build
     _c_parse_examples = None

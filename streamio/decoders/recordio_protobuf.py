@@ -36,7 +36,7 @@ from .sparse import SparseBatch
 from .spec import FieldSpec
 from ..errors import UsageError, UsageTypeError
 
-try:  # the C kernel (streamio/_speedups.c); tests/test_speedups.py holds it to the reference
+try:  # the C kernel (streamio/_c/protobuf.c); tests/test_speedups.py holds it to the reference
     from .._speedups import parse_recordio_protobuf as _c_parse_recordio_protobuf
 except ImportError:  # pragma: no cover - depends on the build
     _c_parse_recordio_protobuf = None
