@@ -29,7 +29,10 @@ setup(
                "tensorflow>=2.12; platform_machine!='x86_64'"],
         "s3": ["smart-open[s3]>=6"],
         "gcs": ["smart-open[gcs]>=6"],
-        "bench": ["pandas", "tfrecord"],
+        # Pillow: PNG, resizing, and JPEG where simplejpeg has no wheel; simplejpeg: libjpeg-turbo
+        # JPEG decoding without the GIL (see streamio/decoders/image.py and the README).
+        "image": ["pillow>=9.1", "simplejpeg>=1.6"],
+        "bench": ["pandas", "tfrecord", "pillow>=9.1", "simplejpeg>=1.6"],
         "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
                 "moto[server]>=5"],
     },
