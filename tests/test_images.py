@@ -140,6 +140,8 @@ def test_example_png_center_crop_is_a_slice_and_pads_small_images():
     assert images.shape == (4, 36, 44, 3)
     # (40, 60) -> rows 2:38, cols 8:52, as torchvision's center_crop rounds
     assert np.array_equal(images[0], PICTURES[0][2:38, 8:52])
+    # odd margins: round(1.5) = 2 and round(7.5) = 8, as torchvision's int(round(...))
+    assert np.array_equal(Image(crop=(37, 45)).decode(PNGS[0]), PICTURES[0][2:39, 8:53])
     # (33, 71): 3 rows short -> 1 zero row on top, 2 below (CenterCrop's padding)
     assert np.array_equal(images[2][1:34], PICTURES[2][:, 14:58])
     assert not images[2][0].any() and not images[2][34:].any()
@@ -386,3 +388,19 @@ def test_to_tf_with_an_image_decoder(tmp_path):
     batches = list(tfds)
     assert [b["image/encoded"].shape[0] for b in batches] == [5, 5, 2]
     assert np.array_equal(batches[0]["image/encoded"].numpy(), next(iter(ds))["image/encoded"])
+
+
+def test_huge_images_are_refused_before_their_pixels_are_allocated():
+    for data in (PNGS[0], JPEGS[0]):
+        with pytest.raises(DecodeError, match="max_pixels=100"):
+            Image(max_pixels=100).decode(data)
+    # A JPEG whose frame header claims 60000 x 60000 pixels (10 GB of RGB) behind 200 bytes.
+    sof = JPEGS[0].index(b"\xff\xc0")
+    huge = bytearray(JPEGS[0])
+    huge[sof + 5:sof + 9] = (60000).to_bytes(2, "big") * 2
+    with pytest.raises(DecodeError, match="60000x60000"):
+        Image().decode(bytes(huge))
+    png = bytearray(PNGS[0])  # IHDR width and height at bytes 16..24 (the CRC no longer matches)
+    png[16:24] = (60000).to_bytes(4, "big") * 2
+    with pytest.raises(DecodeError):
+        Image().decode(bytes(png))

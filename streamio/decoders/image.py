@@ -55,6 +55,10 @@ IR_HEADER_SIZE = _IR_HEADER.size
 
 _JPEG_MAGIC = b"\xff\xd8"
 
+# Images larger than this are refused before their pixels are allocated: a 20-byte header can
+# claim 65535 x 65535 pixels (12 GiB). Pillow's own decompression-bomb limit, whose default this is.
+DEFAULT_MAX_PIXELS = 89_478_485
+
 Size2 = Tuple[int, int]
 
 
@@ -202,7 +206,8 @@ class Image:
       most that many pixels (PIL's ``draft``; much faster on large photos, and close to, not
       equal to, a full decode then resize); ``False`` always decodes at full size;
     - ``on_error``: ``"raise"`` (a :class:`~streamio.DecodeError` naming the record),
-      ``"skip"`` or ``"warn"`` (drop the record from its batch).
+      ``"skip"`` or ``"warn"`` (drop the record from its batch);
+    - ``max_pixels``: larger images are bad records, refused before decoding.
 
     Resize + crop is one resampling pass over the crop's region of the source, equal to
     resizing the whole image and then cropping up to rounding at the crop's edges.
@@ -214,7 +219,8 @@ class Image:
                  resize: Union[int, Size2, None] = None,
                  crop: Union[int, Size2, RandomResizedCrop, None] = None,
                  channels: int = 3, layout: Layout = "HWC", resample: str = "bilinear",
-                 dct_scaling: bool = True, on_error: OnError = "raise") -> None:
+                 dct_scaling: bool = True, on_error: OnError = "raise",
+                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         if size is not None:
             if resize is not None or crop is not None:
                 raise ValueError("size=N means resize=N, crop=N: give size or resize/crop, not both")
@@ -246,7 +252,10 @@ class Image:
         self.layout = layout
         self.resample = resample
         self.dct_scaling = bool(dct_scaling)
+        if isinstance(max_pixels, bool) or not isinstance(max_pixels, (int, np.integer)) or max_pixels < 1:
+            raise ValueError(f"max_pixels must be a positive int, not {max_pixels!r}")
         self.on_error = on_error
+        self.max_pixels = int(max_pixels)
 
     # -- description ----------------------------------------------------------------------------
     @property
@@ -362,6 +371,7 @@ class Image:
             raise _BadImage(str(exc) or type(exc).__name__) from None
         if colorspace not in ("RGB", "YCbCr", "Gray"):
             return None  # CMYK / YCCK: Pillow converts those
+        self._check_pixels(width, height)
         box, out, pad, flip = self._plan(width, height, data)
         min_h = min_w = 0
         if self.dct_scaling and pad is None:
@@ -380,17 +390,26 @@ class Image:
             box = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
         return self._finish(codecs, pixels, None, box, out, pad, flip)
 
+    def _check_pixels(self, width: int, height: int) -> None:
+        if width * height > self.max_pixels:
+            raise _BadImage(f"{width}x{height} pixels is more than max_pixels={self.max_pixels}")
+
     def _decode_pillow(self, codecs: Any, data: Any) -> np.ndarray:
         parser = codecs.parser()
+        pil = codecs.pil
         try:
             parser.feed(bytes(data))
+            if parser.image is not None:  # the header is read: refuse a huge image before decoding
+                self._check_pixels(parser.image.width, parser.image.height)
             image = parser.close()
+            self._check_pixels(image.width, image.height)
             mode = "RGB" if self.channels == 3 else "L"
             if image.mode != mode:
                 image = image.convert(mode)
-        except (OSError, ValueError, SyntaxError, TypeError, EOFError, IndexError) as exc:
-            # Pillow reports corrupt or truncated data with these; MemoryError and the like
-            # (DecompressionBombError included) are not about this record and pass through.
+        except (OSError, ValueError, SyntaxError, TypeError, EOFError, IndexError,
+                pil.DecompressionBombError) as exc:
+            # Pillow reports corrupt or truncated data with these; MemoryError and the like are
+            # not about this record and pass through.
             raise _BadImage(str(exc) or type(exc).__name__) from None
         box, out, pad, flip = self._plan(image.width, image.height, data)
         return self._finish(codecs, None, image, box, out, pad, flip)
