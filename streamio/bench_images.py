@@ -96,10 +96,18 @@ def make_image_set(n: int, cache_dir: str, log: Callable[[str], None] = lambda m
     if os.path.exists(done):
         with open(done) as f:
             return json.load(f)
-    log(f"generating {n} photos into {root} (cached for later runs)")
     os.makedirs(root, exist_ok=True)
-    with multiprocessing.get_context("spawn").Pool(os.cpu_count() or 1) as pool:
-        jpegs = pool.map(_encode_photo, range(n), chunksize=16)
+    larger = _larger_set(cache_dir, n)
+    if larger is not None:  # photo i depends only on i: the first n of a larger set are the same
+        log(f"taking the first {n} photos of {larger['root']} into {root}")
+        jpegs = []
+        for path, _ in larger["files"][:n]:
+            with open(path, "rb") as f:
+                jpegs.append(f.read())
+    else:
+        log(f"generating {n} photos into {root} (cached for later runs)")
+        with multiprocessing.get_context("spawn").Pool(os.cpu_count() or 1) as pool:
+            jpegs = pool.map(_encode_photo, range(n), chunksize=16)
     labels = [i % CLASSES for i in range(n)]
     files = []
     for i, (jpeg, label) in enumerate(zip(jpegs, labels)):
@@ -120,6 +128,18 @@ def make_image_set(n: int, cache_dir: str, log: Callable[[str], None] = lambda m
     with open(done, "w") as f:
         json.dump(info, f)
     return info
+
+
+def _larger_set(cache_dir: str, n: int) -> Optional[dict]:
+    prefix = f"v{GENERATOR_VERSION}-n"
+    sizes = sorted(int(d[len(prefix):]) for d in os.listdir(cache_dir)
+                   if d.startswith(prefix) and d[len(prefix):].isdigit())
+    for m in sizes:
+        done = os.path.join(cache_dir, f"{prefix}{m}", "done.json")
+        if m > n and os.path.exists(done):
+            with open(done) as f:
+                return json.load(f)
+    return None
 
 
 # -- decoding strategies ---------------------------------------------------------------------------
