@@ -1131,12 +1131,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the benchmark from command-line arguments; print the table; 0 on success."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "images" in argv or "--workloads=images" in argv:
-        # The image benchmark (issue 11) has options of its own: it is its own module.
-        from .bench_images import main as images_main
+    for i, arg in enumerate(argv):
+        if arg == "--workloads=images" or (arg == "--workloads" and argv[i + 1:i + 2] == ["images"]):
+            # The image benchmark (issue 11) has options of its own: it is its own module.
+            from .bench_images import main as images_main
 
-        return images_main([a for a in argv if a not in ("--workloads", "images",
-                                                          "--workloads=images")])
+            return images_main(argv[:i] + argv[i + (1 if "=" in arg else 2):])
     args = build_parser().parse_args(argv)
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     unknown = set(workloads) - set(WORKLOADS)
