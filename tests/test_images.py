@@ -404,3 +404,18 @@ def test_huge_images_are_refused_before_their_pixels_are_allocated():
     png[16:24] = (60000).to_bytes(4, "big") * 2
     with pytest.raises(DecodeError):
         Image().decode(bytes(png))
+
+
+def test_image_record_skips_bad_headers_and_bad_images_naming_each_record():
+    good = [encode_image_record(JPEGS[i], float(i), id=i) for i in range(4)]
+    bad_image = encode_image_record(corrupt(JPEGS[0]), 9.0, id=99)
+    records = [good[0][:5], good[1], bad_image, good[3]]
+    with pytest.warns(StreamioWarning) as caught:
+        batch = ImageRecord(size=8, on_error="warn").decode_batch(records, first_index=20)
+    assert batch["id"].tolist() == [1, 3] and batch["label"].tolist() == [1.0, 3.0]
+    assert batch["image"].shape == (2, 8, 8, 3)
+    messages = [str(w.message) for w in caught]
+    assert "record 20)" in messages[0] and "im2rec" in messages[0]
+    assert "record 22," in messages[1] and "decodable image" in messages[1]
+    with pytest.raises(DecodeError, match="record 22"):
+        ImageRecord(size=8).decode_batch(records[1:], first_index=21)
