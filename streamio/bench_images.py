@@ -285,7 +285,7 @@ def _time_imagefolder(files: Sequence[tuple], workers: int) -> tuple:
     return time.perf_counter() - t0, images, labels
 
 
-def _time_limit(jpegs: Sequence[bytes], raw: bool) -> tuple:
+def _time_limit(jpegs: Sequence[bytes], raw: bool, threads: int = 1) -> tuple:
     from .decoders import Image
 
     if raw:  # the chosen library's decode alone, full size
@@ -296,8 +296,13 @@ def _time_limit(jpegs: Sequence[bytes], raw: bool) -> tuple:
     else:
         decode = Image(resize=RESIZE, crop=CROP).decode
     t0 = time.perf_counter()
-    for data in jpegs:
-        decode(data)
+    if threads == 1:
+        for data in jpegs:
+            decode(data)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda part: [decode(d) for d in part],
+                          [jpegs[k::threads] for k in range(threads)]))
     return time.perf_counter() - t0, len(jpegs), None
 
 
@@ -319,6 +324,8 @@ def run(images: int, rounds: int, cache_dir: str, tmpdir: str, log: Callable[[st
     cases[f"ImageFolder baseline, DataLoader(num_workers={PARALLEL})"] = (
         lambda: _time_imagefolder(info["files"], PARALLEL))
     cases["limit: decode+resize+crop in memory, 1 thread"] = lambda: _time_limit(jpegs, False)
+    cases[f"decode+resize+crop in memory, {PARALLEL} threads (are {PARALLEL} cores free?)"] = (
+        lambda: _time_limit(jpegs, False, PARALLEL))
     cases["raw decode in memory, 1 thread (reference)"] = lambda: _time_limit(jpegs, True)
     seconds: dict = {name: [] for name in cases}
     for r in range(rounds):
@@ -352,14 +359,26 @@ def format_report(report: dict) -> str:
     raw_limit = rate["raw decode in memory, 1 thread (reference)"] * cores
     base = rate[f"ImageFolder baseline, DataLoader(num_workers={PARALLEL})"]
     lines.append(f"{'limit x ' + str(cores) + ' cores':58s} {limit:9,.0f} {limit * mb / n:7.1f}")
-    lines += ["", "ratios (target)"]
+    lines += ["", "ratios, each the median of the rounds' own ratios (both sides ran in the same"
+              " round, so a drift in the machine's speed cancels) (target)"]
+    seconds = report["seconds"]
+
+    def paired(a: str, b: str, factor: float = 1.0) -> float:
+        # rate_a / (rate_b * factor) per round = seconds_b / (seconds_a * factor)
+        return statistics.median(sb / (sa * factor) for sa, sb in zip(seconds[a], seconds[b]))
+
+    limit_case = "limit: decode+resize+crop in memory, 1 thread"
+    raw_case = "raw decode in memory, 1 thread (reference)"
+    base_case = f"ImageFolder baseline, DataLoader(num_workers={PARALLEL})"
     for fmt in ("TFRecord Example", "im2rec .rec"):
-        one = rate[f"{fmt}: 1 decoder"]
+        one = f"{fmt}: 1 decoder"
         for backend in ("threads", "processes"):
-            two = rate[f"{fmt}: {PARALLEL} {backend}"]
-            lines.append(f"  {fmt}, {PARALLEL} {backend}: {two / one:.2f}x one decoder (>= 1.8),"
-                         f" {two / base:.2f}x ImageFolder (>= 1.0), {two / limit:.2f}x the limit"
-                         f" (>= 0.9; {two / raw_limit:.2f}x raw decode x cores)")
+            two = f"{fmt}: {PARALLEL} {backend}"
+            lines.append(f"  {fmt}, {PARALLEL} {backend}: {paired(two, one):.2f}x one decoder"
+                         f" (>= 1.8), {paired(two, base_case):.2f}x ImageFolder (>= 1.0),"
+                         f" {paired(two, limit_case, cores):.2f}x the limit (>= 0.9;"
+                         f" {paired(two, raw_case, cores):.2f}x raw decode x cores)")
+    del base, limit, raw_limit
     return "\n".join(lines)
 
 
