@@ -8,8 +8,9 @@ Framework adapters are imported only when used (``Dataset.to_torch()``, ``Datase
 from __future__ import annotations
 
 from . import errors
-from .decoders import (Csv, Example, FieldSpec, FixedLen, RecordIOProtobuf, SequenceExample,
-                       SparseBatch, VarLen, encode_example)
+from .decoders import (Csv, Example, FieldSpec, FixedLen, Image, ImageRecord, RandomResizedCrop,
+                       RecordIOProtobuf, SequenceExample, SparseBatch, VarLen, encode_example,
+                       encode_image_record)
 from .errors import (CorruptRecordError, DecodeError, FormatError, MissingDependencyError,
                      RecordTooLargeError, SourceError, StreamioError, TruncatedStreamError,
                      UsageError, UsageTypeError)
@@ -29,8 +30,11 @@ __all__ = [
     "FieldSpec",
     "FixedLen",
     "FormatError",
+    "Image",
+    "ImageRecord",
     "MissingDependencyError",
     "PipeChannel",
+    "RandomResizedCrop",
     "RecordIOProtobuf",
     "RecordReader",
     "RecordTooLargeError",
@@ -44,6 +48,7 @@ __all__ = [
     "VarLen",
     "diagnose",
     "encode_example",
+    "encode_image_record",
     "errors",
     "pack",
     "read_records",

@@ -9,6 +9,7 @@ picklable and cheap to copy, so DataLoader workers can each hold one.
 
 from .csv import Csv
 from .example import Example, FixedLen, SequenceExample, VarLen, encode_example
+from .image import Image, ImageRecord, RandomResizedCrop, encode_image_record
 from .recordio_protobuf import RecordIOProtobuf, encode_recordio_protobuf
 from .sparse import SparseBatch
 from .spec import FieldSpec
@@ -18,10 +19,14 @@ __all__ = [
     "Example",
     "FieldSpec",
     "FixedLen",
+    "Image",
+    "ImageRecord",
+    "RandomResizedCrop",
     "RecordIOProtobuf",
     "SequenceExample",
     "SparseBatch",
     "VarLen",
     "encode_example",
+    "encode_image_record",
     "encode_recordio_protobuf",
 ]

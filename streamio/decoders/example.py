@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from ..errors import UsageError, UsageTypeError
+from .image import Image
 from ._wire import (WireError, _skip_value, decode_packed_varints, encode_packed_varints,
                     len_field, read_len, read_varint)
 from .sparse import SparseBatch
@@ -862,14 +863,25 @@ class Example:
     ``SparseTensor``). Stateless: one instance may decode any number of streams.
     """
 
-    def __init__(self, features: Mapping[str, Union[FixedLen, VarLen]]) -> None:
-        self.features = _validate_features(features, "features")
+    def __init__(self, features: Mapping[str, Union[FixedLen, VarLen, Image]]) -> None:
+        # An Image feature is a bytes feature on the wire, decoded after parsing (decoders/image.py).
+        self._images: Dict[str, Image] = ({name: spec for name, spec in features.items()
+                                           if isinstance(spec, Image)}
+                                          if isinstance(features, Mapping) else {})
+        self.features = _validate_features(
+            {name: FixedLen([], "bytes") if name in self._images else spec
+             for name, spec in features.items()} if self._images else features, "features")
         _output_names([(self.features, False)])
         self._names = tuple(name.encode("utf-8") for name in self.features)
         self._kinds = tuple(_DTYPES[spec.dtype][0] for spec in self.features.values())
 
     def __repr__(self) -> str:
-        return f"Example({self.features!r})"
+        return f"Example({dict(self.features, **self._images)!r})"
+
+    def set_epoch(self, epoch: int) -> None:
+        """Pass the epoch to the random crops of ``Image`` features."""
+        for image in self._images.values():
+            image.set_epoch(epoch)
 
     def fresh(self) -> "Example":
         """A decoder for a new stream (Example keeps no state, so this is ``self``)."""
@@ -885,6 +897,8 @@ class Example:
                 out[name + suffix] = FieldSpec(kind, dtype, shape)
             if isinstance(spec, VarLen):
                 out[name + "_len"] = FieldSpec("dense", np.int64, ())
+        for name, image in self._images.items():
+            out[name] = image.field_spec()
         return out
 
     def decode_batch(self, records: Sequence[bytes], *, source: Optional[str] = None,
@@ -901,7 +915,25 @@ class Example:
                 out[name] = _fixed_column(name, spec, values[j], counts[:, j], where)
             else:
                 out[name], out[name + "_len"] = _varlen_column(name, spec, values[j], counts[:, j], where)
+        if self._images:
+            out = _decode_images(self._images, out, source, first_index)
         return out
+
+
+def _decode_images(images: Mapping[str, Image], out: Dict[str, Any], source: Optional[str],
+                   first_index: int) -> Dict[str, Any]:
+    """Decode the Image columns; a record an image skips (``on_error="skip"``) leaves every
+    column."""
+    kept: Dict[str, np.ndarray] = {}
+    for name, image in images.items():
+        out[name], ok = image.decode_column(out[name], source=source, first_index=first_index,
+                                            field=name)
+        if ok is not None:
+            kept[name] = ok
+    if not kept:
+        return out
+    keep = np.logical_and.reduce(list(kept.values()))
+    return {k: v[keep[kept[k]]] if k in kept else v[keep] for k, v in out.items()}
 
 
 class SequenceExample:
