@@ -205,3 +205,19 @@ def test_manifest_labels(tmp_path):
                            manifest=str(manifest))
     assert result.classes == CLASSES
     assert _read_examples(str(tmp_path / "m" / "s-*.tfrecord")) == files
+
+
+def test_shards_feed_the_image_decoders(tmp_path):
+    files = _image_tree(tmp_path / "tree", per_class=4)
+    rec = streamio.pack(str(tmp_path / "tree"), str(tmp_path / "rec" / "s"), format="recordio")
+    tfr = streamio.pack(str(tmp_path / "tree"), str(tmp_path / "tfr" / "s"))
+    want = sorted(int(label) for _, label in files.values())
+    batch = next(iter(Dataset(rec.shards, "recordio",
+                              decoder=streamio.ImageRecord(size=16)).batch(100)))
+    assert batch["image"].shape == (len(files), 16, 16, 3)
+    assert sorted(batch["label"].astype(int).tolist()) == want
+    decoder = Example({"image/encoded": streamio.Image(size=16),
+                       "label": FixedLen([], "int64")})
+    batch = next(iter(Dataset(tfr.shards, "tfrecord", decoder=decoder).batch(100)))
+    assert batch["image/encoded"].shape == (len(files), 16, 16, 3)
+    assert sorted(batch["label"].tolist()) == want

@@ -441,3 +441,36 @@ def test_gzip_wrapping_helper_matches_zlib():
 
     assert zlib.decompress(_gzip(payload), 31) == payload
     assert _gzip(_gzip(payload)) == _gzip(payload)  # already-compressed objects pass through
+
+
+def test_image_and_label_manifest_feeds_the_image_decoder(tmp_path):
+    pil = pytest.importorskip("PIL.Image")
+    import io
+
+    rng = np.random.default_rng(1)
+    lines, pixels = [], []
+    for i in range(6):
+        img = rng.integers(0, 255, size=(20 + i, 30, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        pil.fromarray(img).save(buf, format="PNG")  # lossless: pixels compare exactly
+        (tmp_path / f"im{i}.png").write_bytes(buf.getvalue())
+        pixels.append(img)
+        lines.append(json.dumps({"image-ref": f"im{i}.png", "class": i % 2}))
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(lines))
+    root = tmp_path / "root"
+    args = ["--manifest", f"train={manifest}", "--attributes", "image-ref,class",
+            "--record-wrapper", "RecordIO"]
+
+    def read(epoch):
+        decoder = sagemaker.AugmentedManifest({"image-ref": streamio.Image(crop=(16, 24)),
+                                               "class": "int64"})
+        return list(sagemaker.channel("train", root=root, decoder=decoder).batch(4))
+
+    [batches] = _pipe_epochs(root, args, 1, read)
+    images = np.concatenate([b["image-ref"] for b in batches])
+    assert images.shape == (6, 16, 24, 3) and images.dtype == np.uint8
+    for got, img in zip(images, pixels):  # a centre crop of each original
+        top, left = (img.shape[0] - 16) // 2, (img.shape[1] - 24) // 2
+        np.testing.assert_array_equal(got, img[top:top + 16, left:left + 24])
+    assert np.concatenate([b["class"] for b in batches]).tolist() == [0, 1, 0, 1, 0, 1]

@@ -140,8 +140,9 @@ class AugmentedManifest:
     ``how`` is ``None``/``"bytes"`` (an object array of the raw bytes), ``"text"`` (str),
     ``"json"`` (parsed values, object array), a numpy dtype such as ``"int64"`` or ``"float32"``
     (numbers written as text, the way SageMaker sends label attributes), or an object with a
-    ``decode_batch(list_of_bytes)`` method / a callable taking the list (e.g. an image decoder),
-    whose result is the column, or whose dict result is merged in as ``"<name>/<key>"``.
+    ``decode_batch(list_of_bytes)`` method / a callable taking the list (e.g.
+    ``streamio.Image(size=224)``), whose result is the column (a one-entry dict result too; a
+    larger dict is merged in as ``"<name>/<key>"``).
     Non-``-ref`` attribute values arrive as their text: a JSON string as its characters, other
     JSON values as compact JSON.
     """
@@ -200,10 +201,14 @@ class AugmentedManifest:
                                       record_index=first_index + i, field=name) from None
             out[name] = column
             return
-        decode = getattr(how, "decode_batch", None) or (how if callable(how) else None)
-        if decode is not None:
-            result = decode(values)
-            if isinstance(result, Mapping):
+        batch_decode = getattr(how, "decode_batch", None)
+        if batch_decode is not None or callable(how):
+            # A decoder (streamio.Image, say) learns where each value came from.
+            result = (batch_decode(values, source=source, first_index=first_index)
+                      if batch_decode is not None else how(values))
+            if isinstance(result, Mapping) and len(result) == 1:
+                out[name] = next(iter(result.values()))  # e.g. Image's {"image": ...}
+            elif isinstance(result, Mapping):
                 out.update({f"{name}/{key}": value for key, value in result.items()})
             else:
                 out[name] = result
