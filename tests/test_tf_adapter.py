@@ -367,3 +367,41 @@ def test_block_path_from_a_fifo_written_by_another_process(tmp_path):
             assert_same_batches(got, expected)
     finally:
         assert writer.wait(timeout=30) == 0
+
+
+def test_block_path_delivers_the_batches_before_a_fault_then_the_error(tmp_path):
+    path = tmp_path / "bad.tfrecord"
+    _write_fixed(str(path), 1000)
+    data = bytearray(path.read_bytes())
+    data[len(data) * 3 // 4] ^= 0xFF  # a payload (or CRC) byte three quarters in
+    path.write_bytes(bytes(data))
+    expected = []
+    with pytest.raises(streamio.StreamioError) as numpy_error:
+        for batch in Dataset(str(path), "tfrecord", decoder=FIXED).batch(16):
+            expected.append(batch)
+    assert 0 < len(expected) < 1000 // 16  # some batches come before the fault
+    got = []
+    with pytest.raises(tf.errors.OpError) as tf_error:
+        for batch in Dataset(str(path), "tfrecord", decoder=FIXED).batch(16).to_tf():
+            got.append(batch)
+    assert_same_batches(got, expected)
+    assert str(numpy_error.value).splitlines()[0] in str(tf_error.value)
+
+
+def test_a_learnt_dense_spec_takes_the_block_path_and_keeps_the_peeked_batch(tmp_path):
+    """Dense RecordIO-protobuf: the spec is learnt from a peeked first batch, all fixed-shape."""
+    rng = np.random.default_rng(3)
+    x = rng.random((203, 6)).astype(np.float32)
+    path = str(tmp_path / "dense.rec")
+    streamio.write_records(path, "recordio",
+                           encode_recordio_protobuf(x, np.arange(203, dtype=np.float32)))
+    ds = Dataset(path, "recordio", decoder=RecordIOProtobuf()).batch(20)
+    tfds = ds.to_tf()
+    assert tfds.element_spec == {"values": tf.TensorSpec((None, 6), tf.float32),
+                                 "label_values": tf.TensorSpec((None, 1), tf.float32)}
+    for epoch in range(2):
+        expected = list(Dataset(path, "recordio", decoder=RecordIOProtobuf()).batch(20))
+        got = list(tfds)
+        assert [len(b["values"]) for b in got] == [20] * 10 + [3]
+        assert_same_batches(got, expected)
+        np.testing.assert_array_equal(np.concatenate([b["values"].numpy() for b in got]), x)

@@ -226,7 +226,18 @@ class _EpochSource:
         first = next(iter(spec))
         run: list = []
         rows = -1
-        for batch in self._batches():
+        batches = self._batches()
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except Exception:
+                # The batches read before a fault are delivered before the error, as they are
+                # one per call.
+                if run:
+                    yield _stack(run, spec)
+                raise
             n = len(batch[first])
             if run and (n != rows or len(run) == limit):
                 yield _stack(run, spec)
