@@ -31,7 +31,10 @@ string field), the generator hands TensorFlow blocks of up to ``BLOCK_BATCHES`` 
 batches of one size, stacked as ``[k, B, ...]``, which ``unbatch()`` splits back into the same
 batches inside the tf.data runtime (a slice each, no Python): the per-call cost is paid once per
 block. A batch of another size (the last, partial one) starts a block of its own, so every batch
-comes out exactly as numpy iteration gives it. Other outputs go one batch per call.
+comes out exactly as numpy iteration gives it. Other outputs go one batch per call. (Not used: a
+compiled tf.data op, which TensorFlow's unstable C++ ABI would tie to one TensorFlow version per
+build; and DLPack, since ``from_generator`` takes numpy arrays and handing over eager tensors by
+DLPack in a ``py_function`` measured no faster.)
 
 Errors raised while reading reach the user as TensorFlow errors (``from_generator`` wraps them)
 whose message carries streamio's message.
