@@ -19,16 +19,27 @@ Workloads (sizes adjustable; the defaults finish in a few minutes on a 2-core ma
 4. ``recordio``: SageMaker RecordIO-protobuf dense float32 rows (128 features + label) in batches.
 5. ``pipeline``: ``shuffle(10k) + batch + prefetch`` vs the bare decode loop, on 600k Examples of
    its own (an epoch of 150k is short enough for a drift in the machine's speed to show).
+6. ``adapters``: what users run end to end, on 200k Examples of its own (one file, and the same
+   records in 4 part files), next to the numpy rate. ``to_tf()`` reading the FIFO against
+   ``tf.data`` (``TFRecordDataset.batch.map(parse_example, AUTOTUNE).prefetch(AUTOTUNE)``) on
+   the file, both read by two graph-mode consumers that sum ``reduce_sum(x)`` over each batch:
+   ``step``, a Python loop calling a ``tf.function`` step that takes the next batch from the
+   iterator (``model.fit`` with its default ``steps_per_execution=1``), and ``graph``, the
+   whole epoch iterated inside one ``tf.function`` (a custom training loop; ``model.fit`` with
+   a large ``steps_per_execution`` comes close). And ``to_torch()`` through a ``DataLoader``
+   (``batch_size=None``) with ``num_workers`` 0 and 2 over the part files, against the numpy
+   rate on the same files. These run in their own TensorFlow and torch worker processes.
 
 Also: ``read_records`` alone on the examples FIFO (records/s) next to a raw ``read()`` of the
 same pipe, and the peak RSS of every measurement (the kernel's high-water mark, reset before
 each one).
 
-TensorFlow runs in a separate worker process, and so does the ``tfrecord`` package (it registers
-protobuf messages under TensorFlow's names): the streamio measurements never share a process
-with either. pandas runs in the streamio process (it shares nothing with streamio's hot path).
-Workloads whose streamio decoder or pipeline is not importable are skipped with the reason, so
-the benchmark runs at every stage of the project.
+TensorFlow runs in a separate worker process, and so do torch and the ``tfrecord`` package (it
+registers protobuf messages under TensorFlow's names): the streamio measurements never share a
+process with them (except the adapters' own cases, which need them). pandas runs in the
+streamio process (it shares nothing with streamio's hot path). Workloads whose streamio decoder
+or pipeline is not importable are skipped with the reason, so the benchmark runs at every stage
+of the project.
 """
 
 from __future__ import annotations
@@ -74,7 +85,9 @@ EXAMPLE_FLOATS = 32
 CSV_FEATURES = 16  # plus the label column
 RECORDIO_FEATURES = 128
 READ_SIZE = 1024 * 1024  # the raw read() loop's request size (a pipe buffer's worth)
-WORKLOADS = ("examples", "large", "csv", "recordio", "pipeline")
+DEFAULT_ADAPTER_RECORDS = 200_000
+ADAPTER_PARTS = 4  # the part files to_torch's DataLoader workers split between them
+WORKLOADS = ("examples", "large", "csv", "recordio", "pipeline", "adapters")
 SEED = 20240611
 
 # streamio's targets: (name, numerator case, denominator case or None, target, unit). They
@@ -98,6 +111,16 @@ TARGETS = (
      "pipeline/bare-decode", None, "x"),
     ("examples FIFO: read_records / raw read() (bytes/s)", "examples/read_records",
      "examples/raw-read", None, "x"),
+    ("adapters: to_tf() / tf.data, graph loop", "adapters/to_tf-graph", "adapters/tf.data-graph",
+     2.0, "x"),
+    ("adapters: to_tf() / tf.data, step loop (fit)", "adapters/to_tf-step",
+     "adapters/tf.data-step", None, "x"),
+    ("adapters: to_tf() graph loop / numpy", "adapters/to_tf-graph", "adapters/numpy", None,
+     "x"),
+    ("adapters: to_torch() DataLoader(0) / numpy", "adapters/to_torch-w0",
+     "adapters/numpy-files", None, "x"),
+    ("adapters: to_torch() DataLoader(2) / numpy", "adapters/to_torch-w2",
+     "adapters/numpy-files", None, "x"),
 )
 
 
@@ -108,6 +131,7 @@ class BenchConfig:
     rounds: int = DEFAULT_ROUNDS
     examples: int = DEFAULT_EXAMPLES
     pipeline_records: int = DEFAULT_PIPELINE_RECORDS
+    adapter_records: int = DEFAULT_ADAPTER_RECORDS
     large_records: int = DEFAULT_LARGE_RECORDS
     csv_rows: int = DEFAULT_CSV_ROWS
     recordio_rows: int = DEFAULT_RECORDIO_ROWS
@@ -388,15 +412,23 @@ def make_workloads(cfg: BenchConfig, tmpdir: str) -> dict:
     rng = np.random.default_rng(SEED)
     out: dict = {}
     wanted = set(cfg.workloads)
-    for name, count in (("examples", cfg.examples), ("pipeline", cfg.pipeline_records)):
+    for name, count in (("examples", cfg.examples), ("pipeline", cfg.pipeline_records),
+                        ("adapters", cfg.adapter_records)):
         if name not in wanted:
             continue
         payloads, _, _ = example_payloads(count, rng)
         frames = _tfrecord_frames(payloads)
         path = os.path.join(tmpdir, f"{name}.tfrecord")
         frames.tofile(path)
-        out[name] = Workload(name, path, count, frames.nbytes,
-                             {"payload_bytes": payloads.shape[1], "framed_bytes": frames.shape[1]})
+        meta = {"payload_bytes": payloads.shape[1], "framed_bytes": frames.shape[1]}
+        if name == "adapters":  # the same records again, in part files
+            bounds = np.linspace(0, count, ADAPTER_PARTS + 1).astype(int)
+            meta["parts"] = []
+            for k in range(ADAPTER_PARTS):
+                part = os.path.join(tmpdir, f"{name}-part-{k}.tfrecord")
+                frames[bounds[k]:bounds[k + 1]].tofile(part)
+                meta["parts"].append(part)
+        out[name] = Workload(name, path, count, frames.nbytes, meta)
     if "large" in wanted:
         from .formats.tfrecord import encode_tfrecord
 
@@ -494,8 +526,8 @@ def _check_decoder(decoder: Any, workload: Workload, expect: Callable[[dict], in
 
 
 def _format_of(workload: str) -> str:
-    return {"examples": "tfrecord", "pipeline": "tfrecord", "large": "tfrecord", "csv": "csv",
-            "recordio": "recordio"}[workload]
+    return {"examples": "tfrecord", "pipeline": "tfrecord", "adapters": "tfrecord",
+            "large": "tfrecord", "csv": "csv", "recordio": "recordio"}[workload]
 
 
 def _rows_of(batch: Any) -> int:
@@ -614,6 +646,26 @@ def streamio_cases(cfg: BenchConfig, work: dict) -> list:
                       skip_or(pipeline(FIXED_PREFETCH))))
         cases.append(("pipeline/shuffle-batch", w, label(False), "fifo",
                       skip_or(pipeline(False))))
+    if "adapters" in work:
+        w = work["adapters"]
+
+        def numpy_rate(parts: bool):
+            def make():
+                Dataset = _dataset_class()
+                decoder = _example_decoder()
+                _check_decoder(decoder, w, _rows_of)
+
+                def run(path: str) -> int:
+                    sources = w.meta["parts"] if parts else path
+                    return _count_batches(Dataset(sources, "tfrecord", decoder=decoder).batch(bs))
+                return run
+            return make
+
+        cases.append(("adapters/numpy", w, f"streamio Dataset.batch({bs}), numpy", "fifo",
+                      skip_or(numpy_rate(False))))
+        cases.append(("adapters/numpy-files", w,
+                      f"streamio Dataset({ADAPTER_PARTS} files).batch({bs}), numpy", "file",
+                      skip_or(numpy_rate(True))))
     if "large" in work:
         w = work["large"]
         cases.append(("large/streamio-read_records", w, "streamio read_records (CRCs verified)",
@@ -684,6 +736,19 @@ def _peer_tf(op: dict) -> dict:
         for batch in ds:
             n += int(batch["label"].shape[0])
         return {"records": n}
+    if kind in ("to_tf-step", "to_tf-graph", "native-step", "native-graph"):
+        source, loop = kind.split("-")
+        if source == "to_tf":
+            from .pipeline import Dataset
+
+            ds = Dataset(path, "tfrecord", decoder=_example_decoder()).batch(bs).to_tf()
+        else:
+            spec = {"x": tf.io.FixedLenFeature([EXAMPLE_FLOATS], tf.float32),
+                    "label": tf.io.FixedLenFeature([], tf.int64)}
+            ds = (tf.data.TFRecordDataset(path).batch(bs)
+                  .map(lambda s: tf.io.parse_example(s, spec), num_parallel_calls=tf.data.AUTOTUNE)
+                  .prefetch(tf.data.AUTOTUNE))
+        return {"records": _graph_loops(tf)[loop](ds)}
     if kind == "csv":
         defaults = [[0.0]] * op["columns"]
         ds = tf.data.TextLineDataset(path).batch(bs).map(
@@ -693,6 +758,42 @@ def _peer_tf(op: dict) -> dict:
             n += int(batch.shape[0])
         return {"records": n}
     raise ValueError(f"unknown tf op {kind!r}")
+
+
+_LOOPS: dict = {}
+
+
+def _graph_loops(tf: Any) -> dict:
+    """The two graph-mode consumers (see the module doc), traced once per worker process."""
+    if _LOOPS:
+        return _LOOPS
+
+    @tf.function
+    def step(iterator: Any) -> Any:  # what model.fit runs per step (steps_per_execution=1)
+        batch = next(iterator)
+        return tf.shape(batch["label"], out_type=tf.int64)[0], tf.reduce_sum(batch["x"])
+
+    def step_loop(ds: Any) -> int:
+        iterator, counts = iter(ds), []
+        while True:
+            try:
+                n, _ = step(iterator)
+            except (tf.errors.OutOfRangeError, StopIteration):
+                break
+            counts.append(n)  # no sync per step, as fit without per-batch callbacks
+        return int(tf.add_n(counts)) if counts else 0
+
+    @tf.function
+    def graph_loop(ds: Any) -> Any:  # the whole epoch inside one tf.function
+        n = tf.constant(0, tf.int64)
+        total = tf.constant(0.0)
+        for batch in ds:
+            n += tf.shape(batch["label"], out_type=tf.int64)[0]
+            total += tf.reduce_sum(batch["x"])
+        return n
+
+    _LOOPS.update(step=step_loop, graph=lambda ds: int(graph_loop(ds)))
+    return _LOOPS
 
 
 def _peer_tfrecord(op: dict) -> dict:
@@ -721,7 +822,26 @@ def _peer_tfrecord(op: dict) -> dict:
     raise ValueError(f"unknown tfrecord op {kind!r}")
 
 
-_PEERS = {"tf": _peer_tf, "tfrecord": _peer_tfrecord}
+def _peer_torch(op: dict) -> dict:
+    import torch
+
+    from .pipeline import Dataset
+
+    kind, bs = op["kind"], op.get("batch_size", DEFAULT_BATCH_SIZE)
+    if kind == "version":
+        return {"version": torch.__version__}
+    if kind == "to_torch":
+        ds = Dataset(op["parts"], "tfrecord", decoder=_example_decoder()).batch(bs)
+        loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None,
+                                             num_workers=op["num_workers"])
+        n = 0
+        for batch in loader:
+            n += int(batch["label"].shape[0])
+        return {"records": n}
+    raise ValueError(f"unknown torch op {kind!r}")
+
+
+_PEERS = {"tf": _peer_tf, "tfrecord": _peer_tfrecord, "torch": _peer_torch}
 
 
 def _worker_main() -> None:
@@ -831,6 +951,22 @@ def peer_cases(cfg: BenchConfig, work: dict) -> list:
                       ("tf", {"kind": "examples-autotune"}) if tf_ok is True else tf_ok))
         cases.append(("examples/tfrecord-pkg", w, f"tfrecord package loader + np.stack({bs})",
                       "file", ("tfrecord", {"kind": "examples"}) if tfr_ok is True else tfr_ok))
+    if "adapters" in work:
+        w = work["adapters"]
+        torch_ok = _module_available("torch") or _Skip("torch is not installed")
+        tf_or = (lambda op: ("tf", op)) if tf_ok is True else (lambda op: tf_ok)
+        native = f"tf.data TFRecordDataset.batch({bs}).map(parse_example, AUTOTUNE).prefetch"
+        for loop in ("graph", "step"):
+            cases.append((f"adapters/to_tf-{loop}", w, f"streamio to_tf(), {loop} loop", "fifo",
+                          tf_or({"kind": f"to_tf-{loop}"})))
+            cases.append((f"adapters/tf.data-{loop}", w, f"{native}, {loop} loop", "file",
+                          tf_or({"kind": f"native-{loop}"})))
+        for workers in (0, 2):
+            op = {"kind": "to_torch", "num_workers": workers, "parts": w.meta["parts"]}
+            cases.append((f"adapters/to_torch-w{workers}", w,
+                          f"streamio to_torch(), DataLoader(num_workers={workers}),"
+                          f" {ADAPTER_PARTS} files", "file",
+                          ("torch", op) if torch_ok is True else torch_ok))
     if "csv" in work:
         w = work["csv"]
         cases.append(("csv/tf.data", w, f"tf.data TextLineDataset.batch({bs}).map(decode_csv)",
@@ -916,8 +1052,10 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             else:
                 runnable.append((name, w, kind, how))
         notes = [
-            "TensorFlow and the tfrecord package run in their own worker processes; streamio and"
-            " pandas run in the main process, which never imports TensorFlow.",
+            "TensorFlow, torch and the tfrecord package run in their own worker processes;"
+            " streamio and pandas run in the main process, which never imports TensorFlow or"
+            " torch. The adapters' to_tf() and to_torch() cases run in the TensorFlow and torch"
+            " workers (to_tf() reading a FIFO fed as the main process's are).",
             "FIFO inputs are fed by a separate writer process (os.open on the FIFO, then"
             " sendfile of the file) started fresh for every measurement.",
             "Each round runs every case once, in alternating order (reversed on odd rounds);"
@@ -948,9 +1086,18 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                     continue
                 if isinstance(how, tuple):
                     which, op = how
-                    if kind == "fifo":  # pragma: no cover - every peer on a FIFO is probed above
-                        raise AssertionError("peers run on files")
-                    reply = workers[which].call(dict(op, path=w.path, batch_size=cfg.batch_size))
+                    # Peers read files (they cannot read a FIFO); streamio's adapters, which
+                    # run in the same workers, read a FIFO fed as for this process's cases.
+                    feed = FifoFeed(w.path, tmpdir) if kind == "fifo" else None
+                    reply: dict = {}
+                    try:
+                        reply = workers[which].call(dict(op, path=feed.path if feed else w.path,
+                                                         batch_size=cfg.batch_size))
+                    finally:
+                        if feed:
+                            if not reply.get("ok"):
+                                feed.unblock()  # a writer still waiting in open() can finish
+                            feed.close()
                     if not reply.get("ok"):
                         res.error = reply.get("error")
                         _log(cfg, f"round {rnd + 1}: {name} failed: {res.error}")
@@ -984,6 +1131,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
 
 #: The workload sizes the targets are set for (a run with any of them smaller is not judged).
 _FULL_SIZES = {"examples": DEFAULT_EXAMPLES, "pipeline_records": DEFAULT_PIPELINE_RECORDS,
+               "adapter_records": DEFAULT_ADAPTER_RECORDS,
                "large_records": DEFAULT_LARGE_RECORDS, "csv_rows": DEFAULT_CSV_ROWS,
                "recordio_rows": DEFAULT_RECORDIO_ROWS}
 
@@ -1119,6 +1267,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"rounds per case; medians are reported (default {DEFAULT_ROUNDS})")
     p.add_argument("--pipeline-records", type=_positive, default=DEFAULT_PIPELINE_RECORDS,
                    help=f"tf.train.Example records of the pipeline case (default {DEFAULT_PIPELINE_RECORDS})")
+    p.add_argument("--adapter-records", type=_positive, default=DEFAULT_ADAPTER_RECORDS,
+                   help="tf.train.Example records of the adapters case"
+                        f" (default {DEFAULT_ADAPTER_RECORDS})")
     p.add_argument("--examples", type=_positive, default=DEFAULT_EXAMPLES,
                    help=f"tf.train.Example records (default {DEFAULT_EXAMPLES})")
     p.add_argument("--large-records", type=_positive, default=DEFAULT_LARGE_RECORDS,
@@ -1167,6 +1318,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     cfg = BenchConfig(rounds=args.rounds, examples=scaled(args.examples),
                       pipeline_records=scaled(args.pipeline_records),
+                      adapter_records=scaled(args.adapter_records),
                       large_records=scaled(args.large_records), csv_rows=scaled(args.csv_rows),
                       recordio_rows=scaled(args.recordio_rows), batch_size=args.batch_size,
                       shuffle_buffer=args.shuffle_buffer, pandas_chunksize=args.pandas_chunksize,

@@ -243,3 +243,165 @@ def test_missing_tensorflow_names_the_pip_install():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "pip install" in out.stdout and "tf" in out.stdout
+
+
+# -- the fast path: fixed-shape outputs go several batches per generator call ---------------------
+FIXED = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32"),
+                 "h": FixedLen([2, 3], "int32")})
+
+
+def _write_fixed(path, n):
+    streamio.write_records(path, "tfrecord", (
+        encode_example({"id": i, "x": np.arange(4, dtype=np.float32) + i / 7,
+                        "h": np.full((2, 3), i % 50, np.int32)}) for i in range(n)))
+
+
+def assert_same_batches(got, expected):
+    """tf batches equal numpy batches exactly: count, sizes, names, dtypes, values."""
+    assert [len(b[next(iter(b))]) for b in got] == [len(b[next(iter(b))]) for b in expected]
+    for a, b in zip(got, expected):
+        assert set(a) == set(b)
+        for name, value in b.items():
+            if isinstance(value, SparseBatch):
+                dense = np.zeros(value.shape, value.values.dtype)
+                rows = np.repeat(np.arange(value.shape[0]), np.diff(value.indptr))
+                dense[rows, value.indices] = value.values
+                np.testing.assert_array_equal(tf.sparse.to_dense(a[name]).numpy(), dense)
+            elif value.dtype.kind in "OSU":
+                assert a[name].numpy().tolist() == value.tolist()
+            else:
+                assert a[name].dtype.as_numpy_dtype == value.dtype, name
+                assert a[name].shape == value.shape, name
+                np.testing.assert_array_equal(a[name].numpy(), value)
+
+
+@pytest.mark.parametrize("records, batch_size", [(1000, 16), (1000, 10), (7, 16), (16 * 16, 16)])
+def test_fixed_shape_outputs_take_the_block_path_and_equal_numpy(tmp_path, records, batch_size):
+    """Several batches per call, split back inside TensorFlow: the same batches as numpy, the
+    short last batch included (1000 % 16 = 8; 7 < 16: only a short batch), over two epochs."""
+    import streamio.adapters.tf as adapter
+
+    path = str(tmp_path / "fixed.tfrecord")
+    _write_fixed(path, records)
+    ds = Dataset(path, "tfrecord", decoder=FIXED).shuffle(100, seed=5).batch(batch_size)
+    tfds = ds.to_tf()
+    assert adapter._fixed_shape(FIXED.output_spec())  # this test is about the block path
+    assert tfds.element_spec == {"id": tf.TensorSpec((None,), tf.int64),
+                                 "x": tf.TensorSpec((None, 4), tf.float32),
+                                 "h": tf.TensorSpec((None, 2, 3), tf.int32)}
+    for epoch in range(2):
+        expected = list(Dataset(path, "tfrecord", decoder=FIXED).shuffle(100, seed=5)
+                        .batch(batch_size).with_context(epoch=epoch))
+        got = list(tfds)
+        assert_same_batches(got, expected)
+        ids = [int(i) for b in got for i in b["id"].numpy()]
+        assert sorted(ids) == list(range(records))
+    assert ds.stats()["epoch"] == 1 and ds.stats()["records"] == records
+
+
+def test_block_path_in_a_graph_mode_loop_with_batches_for_keras(tmp_path):
+    """What model.fit does: a tf.function reading the iterator; batches= gives the cardinality."""
+    path = str(tmp_path / "fixed.tfrecord")
+    _write_fixed(path, 1000)
+    tfds = Dataset(path, "tfrecord", decoder=FIXED).batch(64).to_tf(batches=16)
+    assert int(tfds.cardinality()) == 16
+
+    @tf.function
+    def total(d):
+        s = tf.constant(0, tf.int64)
+        n = tf.constant(0, tf.int64)
+        for b in d:
+            s += tf.reduce_sum(b["id"])
+            n += tf.cast(tf.shape(b["x"])[0], tf.int64)
+        return s, n
+
+    for _ in range(2):
+        s, n = total(tfds)
+        assert int(n) == 1000 and int(s) == sum(range(1000))
+    with pytest.raises(tf.errors.FailedPreconditionError, match="15"):
+        list(Dataset(path, "tfrecord", decoder=FIXED).batch(64).to_tf(batches=15))
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.001), loss="mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(tfds.map(lambda b: (b["x"], tf.cast(b["id"] % 2, tf.float32))),
+                            epochs=2, verbose=0)
+    assert not [w for w in caught if "ran out of data" in str(w.message)], caught
+    assert len(history.history["loss"]) == 2
+
+
+def test_block_size_is_capped_by_bytes():
+    import streamio.adapters.tf as adapter
+
+    spec = Example({"x": FixedLen([1024], "float32")}).output_spec()
+    assert adapter._block_batches(spec, 256) == 16  # 1 MiB batches: 16 fit in BLOCK_BYTES
+    assert adapter._block_batches(spec, 4096) == 1  # 16 MiB batches: one per call
+    assert not adapter._fixed_shape(DECODER.output_spec())  # VarLen and bytes: one per call
+
+
+def test_fallback_outputs_equal_numpy_over_two_epochs(parts):
+    """VarLen (padded + _len), bytes fields: one batch per call, exactly numpy's batches."""
+    ds = Dataset(parts, "tfrecord", decoder=DECODER).shuffle(64, seed=9).batch(16)
+    tfds = ds.to_tf()
+    for epoch in range(2):
+        expected = list(Dataset(parts, "tfrecord", decoder=DECODER).shuffle(64, seed=9)
+                        .batch(16).with_context(epoch=epoch))
+        assert_same_batches(list(tfds), expected)
+
+
+def test_block_path_from_a_fifo_written_by_another_process(tmp_path):
+    """The bytes come from serve-pipe through a PipeChannel, two epochs (FIFOs _0 and _1)."""
+    path = str(tmp_path / "fixed.tfrecord")
+    _write_fixed(path, 1000)
+    expected = list(Dataset(path, "tfrecord", decoder=FIXED).batch(48))
+    prefix = str(tmp_path / "train")
+    writer = subprocess.Popen([sys.executable, "-m", "streamio", "serve-pipe", "--channel", prefix,
+                               "--epochs", "2", "--open-timeout", "30", path])
+    try:
+        channel = streamio.PipeChannel(prefix, open_timeout=30, read_timeout=30)
+        tfds = Dataset(channel, "tfrecord", decoder=FIXED).batch(48).to_tf(batches=21)
+        for _ in range(2):
+            got = list(tfds)
+            assert len(got) == 21 and len(got[-1]["id"]) == 1000 - 20 * 48
+            assert_same_batches(got, expected)
+    finally:
+        assert writer.wait(timeout=30) == 0
+
+
+def test_block_path_delivers_the_batches_before_a_fault_then_the_error(tmp_path):
+    path = tmp_path / "bad.tfrecord"
+    _write_fixed(str(path), 1000)
+    data = bytearray(path.read_bytes())
+    data[len(data) * 3 // 4] ^= 0xFF  # a payload (or CRC) byte three quarters in
+    path.write_bytes(bytes(data))
+    expected = []
+    with pytest.raises(streamio.StreamioError) as numpy_error:
+        for batch in Dataset(str(path), "tfrecord", decoder=FIXED).batch(16):
+            expected.append(batch)
+    assert 0 < len(expected) < 1000 // 16  # some batches come before the fault
+    got = []
+    with pytest.raises(tf.errors.OpError) as tf_error:
+        for batch in Dataset(str(path), "tfrecord", decoder=FIXED).batch(16).to_tf():
+            got.append(batch)
+    assert_same_batches(got, expected)
+    assert str(numpy_error.value).splitlines()[0] in str(tf_error.value)
+
+
+def test_a_learnt_dense_spec_takes_the_block_path_and_keeps_the_peeked_batch(tmp_path):
+    """Dense RecordIO-protobuf: the spec is learnt from a peeked first batch, all fixed-shape."""
+    rng = np.random.default_rng(3)
+    x = rng.random((203, 6)).astype(np.float32)
+    path = str(tmp_path / "dense.rec")
+    streamio.write_records(path, "recordio",
+                           encode_recordio_protobuf(x, np.arange(203, dtype=np.float32)))
+    ds = Dataset(path, "recordio", decoder=RecordIOProtobuf()).batch(20)
+    tfds = ds.to_tf()
+    assert tfds.element_spec == {"values": tf.TensorSpec((None, 6), tf.float32),
+                                 "label_values": tf.TensorSpec((None, 1), tf.float32)}
+    for epoch in range(2):
+        expected = list(Dataset(path, "recordio", decoder=RecordIOProtobuf()).batch(20))
+        got = list(tfds)
+        assert [len(b["values"]) for b in got] == [20] * 10 + [3]
+        assert_same_batches(got, expected)
+        np.testing.assert_array_equal(np.concatenate([b["values"].numpy() for b in got]), x)
