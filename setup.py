@@ -30,6 +30,7 @@ setup(
         "s3": ["smart-open[s3]>=6"],
         "gcs": ["smart-open[gcs]>=6"],
         "bench": ["pandas", "tfrecord"],
+        "fuzz": ["atheris>=2.3"],
         "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
                 "moto[server]>=5"],
     },

@@ -31,17 +31,18 @@ DEFAULT_OUT = ROOT / "build" / "fuzz"
 SANITIZE = "-fsanitize=fuzzer-no-link,address,undefined"
 # -O1 keeps the code close to the source for readable reports; -fno-wrapv because CPython's own
 # flags (sysconfig CFLAGS) carry -fwrapv, which defines signed overflow and so hides it from UBSan;
-# -UNDEBUG so any assert() in the C code is live. UBSan errors are fatal whatever UBSAN_OPTIONS
-# says (-fno-sanitize-recover), so a finding always leaves a reproducer.
-COMPILE_FLAGS = [SANITIZE, "-fno-sanitize-recover=undefined", "-g", "-O1",
+# -UNDEBUG so any assert() in the C code is live. UBSan checks stay recoverable so that a long
+# campaign can suppress a known finding (UBSAN_OPTIONS=suppressions=...); sanitized.py makes
+# them fatal with halt_on_error=1, so a finding leaves a reproducer.
+COMPILE_FLAGS = [SANITIZE, "-g", "-O1",
                  "-fno-omit-frame-pointer", "-fno-wrapv", "-UNDEBUG"]
 # The runtime is not linked into the .so: LD_PRELOAD of atheris's asan_with_fuzzer.so provides it
 # (one copy of ASan, UBSan and libFuzzer in the process; see sanitized.py).
 LINK_FLAGS = [SANITIZE]
 
 
-def extensions_from_setup_py() -> list:
-    """The ``ext_modules`` that ``setup.py`` passes to ``setup()``, without building anything."""
+def setup_arguments() -> dict:
+    """The keyword arguments ``setup.py`` passes to ``setup()``, without building anything."""
     captured: dict = {}
     cwd = os.getcwd()
     os.chdir(ROOT)  # setup.py opens README.md and checks for C files relative to the root
@@ -50,7 +51,12 @@ def extensions_from_setup_py() -> list:
             runpy.run_path(str(ROOT / "setup.py"), run_name="__main__")
     finally:
         os.chdir(cwd)
-    return list(captured.get("ext_modules") or [])
+    return captured
+
+
+def extensions_from_setup_py() -> list:
+    """The Extensions the normal build compiles (however many, whatever their sources)."""
+    return list(setup_arguments().get("ext_modules") or [])
 
 
 def install_missing() -> None:
@@ -59,12 +65,14 @@ def install_missing() -> None:
             sys.exit("clang is missing: apt-get install clang (needs root)")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "clang"],
-                       check=True, env=env, stdout=subprocess.DEVNULL)
+        # llvm: llvm-symbolizer, so sanitizer reports name files and lines
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "clang",
+                        "llvm"], check=True, env=env, stdout=subprocess.DEVNULL)
     try:
         import atheris  # noqa: F401
-    except ImportError:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "atheris"], check=True)
+    except ImportError:  # the "fuzz" extra of setup.py says which atheris
+        wanted = setup_arguments().get("extras_require", {}).get("fuzz") or ["atheris"]
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *wanted], check=True)
 
 
 def build(out: Path) -> dict:

@@ -22,6 +22,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sanitized  # noqa: E402
 
 
+def launcher(name: str) -> str:
+    """An executable that runs this target: libFuzzer starts copies of argv[0] with its own flags
+    (-jobs, -fork, -minimize_crash), so argv[0] must name the target and the interpreter."""
+    path = sanitized.DEFAULT_OUT / "bin" / f"fuzz-{name}"
+    text = f'#!/bin/sh\nexec "{sys.executable}" "{os.path.abspath(__file__)}" {name} "$@"\n'
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(path)  # atomic: parallel jobs may write it at the same time
+    return str(path)
+
+
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         sys.exit(__doc__)
@@ -52,7 +66,7 @@ def main() -> None:
             importlib.import_module(module)
     if sys.modules.get("streamio._speedups") is not ck:
         sys.exit("streamio did not pick up the sanitizer build of the kernels")
-    atheris.Setup([sys.argv[0]] + sys.argv[2:], target.one_input(ck))
+    atheris.Setup([launcher(name)] + sys.argv[2:], target.one_input(ck))
     atheris.Fuzz()
 
 

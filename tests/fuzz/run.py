@@ -30,6 +30,7 @@ BUILD = ROOT / "build" / "fuzz"
 sys.path.insert(0, str(HERE))
 
 import make_corpus  # noqa: E402
+import sanitized  # noqa: E402
 import targets  # noqa: E402
 
 # Inputs stay small (libFuzzer's default -max_len): the kernels' loops are reached within a few
@@ -62,6 +63,8 @@ def run_target(name: str, args: argparse.Namespace) -> dict:
            str(corpus), str(seeds)]
     env = dict(os.environ)
     env["STREAMIO_FUZZ_PYTHON_COVERAGE"] = "1" if args.python_coverage else "0"
+    if args.suppress_known:
+        env["UBSAN_OPTIONS"] = f"{sanitized.UBSAN_OPTIONS}:suppressions={HERE / 'known-issues.supp'}"
     if args.nice:
         cmd = ["nice", "-n", str(args.nice)] + cmd
     started = time.monotonic()
@@ -69,13 +72,15 @@ def run_target(name: str, args: argparse.Namespace) -> dict:
         # A budget past the per-target time means a hang that libFuzzer did not catch.
         limit = (args.time or 0) + 300 if args.time else None
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+            # in the artifacts folder: with -jobs, libFuzzer writes fuzz-<job>.log to the cwd
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=artifacts,
                                 timeout=limit).returncode
         except subprocess.TimeoutExpired:
             rc = -9
     elapsed = time.monotonic() - started
     text = log.read_text(errors="replace")
-    found = sorted(set(artifacts.iterdir()) - before - {log})
+    found = sorted(p for p in set(artifacts.iterdir()) - before
+                   if p.name.startswith(("crash-", "timeout-", "oom-", "leak-", "slow-unit-")))
     units = re.findall(r"stat::number_of_executed_units:\s*(\d+)", text)
     skipped = text.startswith("SKIP") or "\nSKIP " in text
     return {"name": name, "rc": rc, "elapsed": elapsed, "log": log, "found": found,
@@ -112,6 +117,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--build", action="store_true", help="rebuild the sanitizer variant")
     parser.add_argument("--python-coverage", action="store_true",
                         help="also guide by the Python references' coverage (~10x slower)")
+    parser.add_argument("--suppress-known", action="store_true",
+                        help="skip the UBSan findings listed in known-issues.supp")
     parser.add_argument("libfuzzer", nargs="*", help="extra libFuzzer flags, after --")
     args = parser.parse_args(argv)
     names = [n for n in args.targets.split(",") if n] or list(targets.TARGETS)
