@@ -20,9 +20,18 @@ speedups = pytest.importorskip("streamio._speedups",
 FUZZ = Path(__file__).resolve().parent / "fuzz"
 sys.path.insert(0, str(FUZZ))
 
-import build  # noqa: E402
 import make_corpus  # noqa: E402
 import targets  # noqa: E402
+
+
+def _build_script():
+    # loaded from its path: "build" is also the name of a PyPA package
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("streamio_fuzz_build", FUZZ / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_every_public_kernel_has_a_fuzz_target():
@@ -74,7 +83,7 @@ def test_a_kernel_that_disagrees_is_caught():
 
 
 def test_the_sanitizer_build_reads_the_extensions_from_setup_py():
-    exts = build.extensions_from_setup_py()
+    exts = _build_script().extensions_from_setup_py()
     assert "streamio._speedups" in [ext.name for ext in exts]
     root = FUZZ.parents[1]
     for ext in exts:

@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import List, Optional
 
@@ -67,7 +67,7 @@ def run_target(name: str, args: argparse.Namespace) -> dict:
         env["UBSAN_OPTIONS"] = f"{sanitized.UBSAN_OPTIONS}:suppressions={HERE / 'known-issues.supp'}"
     if args.nice:
         cmd = ["nice", "-n", str(args.nice)] + cmd
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     with open(log, "wb") as f:
         # A budget past the per-target time means a hang that libFuzzer did not catch.
         limit = (args.time or 0) + 300 if args.time else None
@@ -81,10 +81,13 @@ def run_target(name: str, args: argparse.Namespace) -> dict:
     text = log.read_text(errors="replace")
     found = sorted(p for p in set(artifacts.iterdir()) - before
                    if p.name.startswith(("crash-", "timeout-", "oom-", "leak-", "slow-unit-")))
-    units = re.findall(r"stat::number_of_executed_units:\s*(\d+)", text)
+    # with -jobs, each job reports in its own fuzz-<job>.log
+    job_logs = [p for p in artifacts.glob("fuzz-*.log") if p.stat().st_mtime >= started_wall]
+    units = [u for t in ([p.read_text(errors="replace") for p in job_logs] or [text])
+             for u in re.findall(r"stat::number_of_executed_units:\s*(\d+)", t)[-1:]]
     skipped = text.startswith("SKIP") or "\nSKIP " in text
     return {"name": name, "rc": rc, "elapsed": elapsed, "log": log, "found": found,
-            "execs": int(units[-1]) if units else None, "skipped": skipped, "text": text}
+            "execs": sum(map(int, units)) if units else None, "skipped": skipped, "text": text}
 
 
 def report(result: dict) -> bool:
@@ -129,9 +132,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         subprocess.run([sys.executable, str(HERE / "build.py")], check=True)
     make_corpus.write_corpus(BUILD / "seeds", names)
     started = time.monotonic()
-    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
-        results = list(pool.map(lambda n: run_target(n, args), names))
-    passed = [report(r) for r in results]
+    passed = []
+    with ThreadPoolExecutor(max(1, args.parallel)) as pool:  # a line as each target ends
+        futures = [pool.submit(run_target, name, args) for name in names]
+        results = []
+        for future in as_completed(futures):
+            results.append(future.result())
+            passed.append(report(results[-1]))
     total = sum(r["execs"] or 0 for r in results)
     print(f"{sum(passed)}/{len(passed)} targets passed, {total} executions in "
           f"{time.monotonic() - started:.0f} s; artifacts in {rel(BUILD / 'artifacts')}",
