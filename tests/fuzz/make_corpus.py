@@ -2,7 +2,8 @@
 
     python tests/fuzz/make_corpus.py [--out build/fuzz/seeds]
 
-Each target gets ``<out>/<target>/<sha1>`` files in its input layout (targets.py): TFRecord and
+Each target gets ``<out>/<target>/<sha1>`` files in its input layout (targets.py): the inputs in
+``findings/<target>-*`` (bugs found before: a regression comes back at once), TFRecord and
 RecordIO streams from ``streamio.write_records``, Examples from ``encode_example``,
 RecordIO-protobuf records from ``write_recordio_protobuf``, CSV text, and the files in
 ``../shared/peer-fixtures/`` (used when present; cut to ``MAX_SEED`` bytes). The seeds are
@@ -34,6 +35,7 @@ PEER = next((p / "shared" / "peer-fixtures" for p in (ROOT.parent, ROOT.parent.p
              if (p / "shared" / "peer-fixtures").is_dir()), ROOT.parent / "shared" / "peer-fixtures")
 FIXTURES = ROOT / "fixtures"
 DEFAULT_OUT = ROOT / "build" / "fuzz" / "seeds"
+FINDINGS = Path(__file__).resolve().parent / "findings"
 MAX_SEED = 4096  # libFuzzer's default -max_len: longer seeds would only be cut
 
 
@@ -238,10 +240,16 @@ SEEDS = {
 }
 
 
+def findings_for(name: str) -> List[bytes]:
+    """Inputs that once found a bug (findings/<target>-*): every run replays them first."""
+    return [p.read_bytes() for p in sorted(FINDINGS.glob(f"{name}-*")) if p.is_file()]
+
+
 def seeds_for(name: str) -> List[bytes]:
-    """The seed inputs of one target (empty for a target without a seed maker)."""
+    """The seed inputs of one target: its findings, and what its seed maker writes."""
     maker = SEEDS.get(name)
-    return [s[:MAX_SEED] for s in maker(random.Random(name))] if maker else []
+    made = [s[:MAX_SEED] for s in maker(random.Random(name))] if maker else []
+    return findings_for(name) + made
 
 
 def write_corpus(out: Path, names: Iterable[str] = ()) -> Dict[str, int]:

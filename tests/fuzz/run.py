@@ -79,8 +79,10 @@ def run_target(name: str, args: argparse.Namespace) -> dict:
             rc = -9
     elapsed = time.monotonic() - started
     text = log.read_text(errors="replace")
-    found = sorted(p for p in set(artifacts.iterdir()) - before
-                   if p.name.startswith(("crash-", "timeout-", "oom-", "leak-", "slow-unit-")))
+    # new files, and any the log names (an input found again has the same name as before)
+    written = {Path(p) for p in re.findall(r"Test unit written to (\S+)", text)}
+    found = sorted((set(artifacts.iterdir()) - before | written) & set(artifacts.iterdir()))
+    found = [p for p in found if p.name.startswith(("crash-", "timeout-", "oom-", "leak-"))]
     # with -jobs, each job reports in its own fuzz-<job>.log
     job_logs = [p for p in artifacts.glob("fuzz-*.log") if p.stat().st_mtime >= started_wall]
     units = [u for t in ([p.read_text(errors="replace") for p in job_logs] or [text])
@@ -103,6 +105,10 @@ def report(result: dict) -> bool:
     if not ok:
         tail = result["text"][-6000:]
         print("  --- end of " + rel(result["log"]) + " ---\n" + tail, flush=True)
+        causes = re.findall(r"^.*(?:runtime error|==ERROR|SUMMARY:|^\w*(?:Error|Mismatch)\b).*$",
+                            result["text"], flags=re.M)
+        for line in dict.fromkeys(causes[:6]):
+            print(f"  cause: {line.strip()[:300]}", flush=True)
         for path in result["found"] or []:
             print(f"  reproducer: {rel(path)}\n  replay: python tests/fuzz/fuzz.py {name} "
                   f"{rel(path)}", flush=True)
