@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-speedups = pytest.importorskip("streamio._speedups",
-                               reason="C accelerator not built (python setup.py build_ext --inplace)")
+speedups = pytest.importorskip(
+    "streamio._speedups", reason="C accelerator not built (python setup.py build_ext --inplace)")
 
 FUZZ = Path(__file__).resolve().parent / "fuzz"
 sys.path.insert(0, str(FUZZ))

@@ -31,8 +31,8 @@ import targets as T  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 # ../shared/peer-fixtures beside the checkout (/work/main), or two levels up (a worktree)
-PEER = next((p / "shared" / "peer-fixtures" for p in (ROOT.parent, ROOT.parent.parent)
-             if (p / "shared" / "peer-fixtures").is_dir()), ROOT.parent / "shared" / "peer-fixtures")
+_PEER_PLACES = [p / "shared" / "peer-fixtures" for p in (ROOT.parent, ROOT.parent.parent)]
+PEER = next((p for p in _PEER_PLACES if p.is_dir()), _PEER_PLACES[0])
 FIXTURES = ROOT / "fixtures"
 DEFAULT_OUT = ROOT / "build" / "fuzz" / "seeds"
 FINDINGS = Path(__file__).resolve().parent / "findings"
@@ -106,7 +106,8 @@ def scan_recordio_seeds(rng: random.Random) -> List[bytes]:
                                                            multipart="concat")]
     for rel in ("ml-io/complete_records.pr", "ml-io/split_records.pr",
                 "ml-io/corrupted_split_records.pr", "ml-io/test.pbr", "ml-io/test_image_0.rec",
-                "sagemaker-python-sdk/first_10_rows_recordio", "sagemaker-xgboost-container/train.pb",
+                "sagemaker-python-sdk/first_10_rows_recordio",
+                "sagemaker-xgboost-container/train.pb",
                 "sagemaker-xgboost-container/sparse_edge_cases/diagonal.pbr"):
         streams.append(_peer(rel)[:MAX_SEED])
     streams = [s for s in streams if s]

@@ -64,7 +64,8 @@ def run_target(name: str, args: argparse.Namespace) -> dict:
     env = dict(os.environ)
     env["STREAMIO_FUZZ_PYTHON_COVERAGE"] = "1" if args.python_coverage else "0"
     if args.suppress_known:
-        env["UBSAN_OPTIONS"] = f"{sanitized.UBSAN_OPTIONS}:suppressions={HERE / 'known-issues.supp'}"
+        suppressions = HERE / "known-issues.supp"
+        env["UBSAN_OPTIONS"] = f"{sanitized.UBSAN_OPTIONS}:suppressions={suppressions}"
     if args.nice:
         cmd = ["nice", "-n", str(args.nice)] + cmd
     started, started_wall = time.monotonic(), time.time()

@@ -23,6 +23,7 @@ import re
 import struct
 import sys
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -35,7 +36,8 @@ class Mismatch(AssertionError):
 
 def expect_equal(name: str, c_value: Any, py_value: Any) -> None:
     if c_value != py_value:
-        raise Mismatch(f"{name} differs:\n  C:      {c_value!r:.2000}\n  Python: {py_value!r:.2000}")
+        raise Mismatch(f"{name} differs:\n  C:      {c_value!r:.2000}\n"
+                       f"  Python: {py_value!r:.2000}")
 
 
 class Input:
@@ -145,9 +147,9 @@ def run_scan_tfrecords(ck: ModuleType, data: bytes) -> None:
         skip = "skip" if on_error & 1 else "raise"
         small = 1 << 28 if on_error & 2 == 0 else 100
         cuts = _cuts(cut_seed, n)
-        runs = [run_framer(lambda: TFRecordFramer(verify=verify, on_error=skip,
-                                                  max_record_size=small, source="s",
-                                                  accelerate=accelerate), stream, cuts)
+        runs = [run_framer(partial(TFRecordFramer, verify=verify, on_error=skip,
+                                   max_record_size=small, source="s", accelerate=accelerate),
+                           stream, cuts)
                 for accelerate in (True, False)]
         expect_equal(f"framer events (on_error={skip}, cuts={cuts})", runs[0], runs[1])
 
@@ -184,9 +186,9 @@ def run_scan_recordio(ck: ModuleType, data: bytes) -> None:
         multipart = "concat" if options & 2 else "dmlc"
         small = 50 if options & 4 else 1 << 28
         cuts = _cuts(cut_seed, n)
-        runs = [run_framer(lambda: RecordIOFramer(multipart=multipart, on_error=skip,
-                                                  max_record_size=small, source="s",
-                                                  accelerate=accelerate), stream, cuts)
+        runs = [run_framer(partial(RecordIOFramer, multipart=multipart, on_error=skip,
+                                   max_record_size=small, source="s", accelerate=accelerate),
+                           stream, cuts)
                 for accelerate in (True, False)]
         expect_equal(f"framer events (on_error={skip}, multipart={multipart}, cuts={cuts})",
                      runs[0], runs[1])
