@@ -67,6 +67,7 @@ setup(
         "image": ["pillow>=9.1", "simplejpeg>=1.6"],
         "bench": ["pandas", "tfrecord", "isal>=1.6", "zlib-ng>=0.5", "pillow>=9.1",
                   "simplejpeg>=1.6"],
+        "fuzz": ["atheris>=2.3"],
         "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
                 "moto[server]>=5", "isal>=1.6", "zlib-ng>=0.5",
                 "backports.zstd>=1.0; python_version<'3.14'"],

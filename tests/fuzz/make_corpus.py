@@ -1,0 +1,281 @@
+"""Seed corpora for the fuzz targets, made by streamio's own writers and the peers' files.
+
+    python tests/fuzz/make_corpus.py [--out build/fuzz/seeds]
+
+Each target gets ``<out>/<target>/<sha1>`` files in its input layout (targets.py): the inputs in
+``findings/<target>-*`` (bugs found before: a regression comes back at once), TFRecord and
+RecordIO streams from ``streamio.write_records``, Examples from ``encode_example``,
+RecordIO-protobuf records from ``write_recordio_protobuf``, CSV text, and the files in
+``../shared/peer-fixtures/`` (used when present; cut to ``MAX_SEED`` bytes). The seeds are
+deterministic (a fixed random seed), so a corpus can be rebuilt at any time; ``build/`` is
+gitignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import random
+import shutil
+import struct
+import sys
+from pathlib import Path
+from typing import Dict, Iterable, List
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import targets as T  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+# ../shared/peer-fixtures beside the checkout (/work/main), or two levels up (a worktree)
+_PEER_PLACES = [p / "shared" / "peer-fixtures" for p in (ROOT.parent, ROOT.parent.parent)]
+PEER = next((p for p in _PEER_PLACES if p.is_dir()), _PEER_PLACES[0])
+FIXTURES = ROOT / "fixtures"
+DEFAULT_OUT = ROOT / "build" / "fuzz" / "seeds"
+FINDINGS = Path(__file__).resolve().parent / "findings"
+MAX_SEED = 4096  # libFuzzer's default -max_len: longer seeds would only be cut
+
+
+def _peer(relpath: str) -> bytes:
+    path = PEER / relpath
+    return path.read_bytes() if path.exists() else b""
+
+
+def _stream(fmt: str, records: Iterable[bytes], **options) -> bytes:
+    import streamio
+
+    buf = io.BytesIO()
+    streamio.write_records(buf, fmt, list(records), **options)
+    return buf.getvalue()
+
+
+def _payloads(data: bytes, fmt: str, limit: int = 12, **options) -> List[bytes]:
+    """The first records of a stream (the decoders' targets take records, not streams)."""
+    import streamio
+
+    out = []
+    try:
+        for record in streamio.read_records(io.BytesIO(data), fmt, **options):
+            out.append(record)
+            if len(out) == limit:
+                break
+    except streamio.StreamioError:
+        pass
+    return out
+
+
+def _flip(data: bytes, rng: random.Random, flips: int = 1) -> bytes:
+    out = bytearray(data)
+    for _ in range(flips if out else 0):
+        out[rng.randrange(len(out))] ^= 1 << rng.randrange(8)
+    return bytes(out)
+
+
+def _some_records(rng: random.Random) -> List[List[bytes]]:
+    return [[], [b""], [b"a"], [b"hello world %d" % i for i in range(5)],
+            [rng.randbytes(rng.choice([1, 7, 100, 500])) for _ in range(6)],
+            [b"x" * 1500, b"", b"y" * 3]]
+
+
+def scan_tfrecords_seeds(rng: random.Random) -> List[bytes]:
+    streams = [_stream("tfrecord", records) for records in _some_records(rng)]
+    streams += [_peer("sagemaker-tensorflow-extensions/100.tfrecords"),
+                (FIXTURES / "tf" / "plain.tfrecord").read_bytes()[:MAX_SEED],
+                (FIXTURES / "examples" / "examples.tfrecord").read_bytes()]
+    streams = [s for s in streams if s]
+    seeds = []
+    for i, stream in enumerate(streams):
+        seeds.append(T.encode_scan_tfrecords(stream))
+        seeds.append(T.encode_scan_tfrecords(stream, framer=True, cut_seed=i, limit=i % 8,
+                                             wrap=i % 4, on_error_skip=i % 2 == 1))
+        seeds.append(T.encode_scan_tfrecords(_flip(stream, rng), framer=True, cut_seed=i,
+                                             on_error_skip=True))
+        seeds.append(T.encode_scan_tfrecords(stream, whole=False, verify=False, pos=3,
+                                             end=len(stream) - 5))
+    return seeds
+
+
+def scan_recordio_seeds(rng: random.Random) -> List[bytes]:
+    magic = struct.pack("<I", 0xCED7230A)
+    with_magic = [b"ab" * 4 + magic + b"cd", magic, b"abcd" + magic + magic + b"x"]
+    streams = [_stream("recordio", records) for records in _some_records(rng)]
+    streams += [_stream("recordio", with_magic), _stream("recordio", with_magic,
+                                                           multipart="concat")]
+    for rel in ("ml-io/complete_records.pr", "ml-io/split_records.pr",
+                "ml-io/corrupted_split_records.pr", "ml-io/test.pbr", "ml-io/test_image_0.rec",
+                "sagemaker-python-sdk/first_10_rows_recordio",
+                "sagemaker-xgboost-container/train.pb",
+                "sagemaker-xgboost-container/sparse_edge_cases/diagonal.pbr"):
+        streams.append(_peer(rel)[:MAX_SEED])
+    streams = [s for s in streams if s]
+    seeds = []
+    for i, stream in enumerate(streams):
+        seeds.append(T.encode_scan_recordio(stream))
+        seeds.append(T.encode_scan_recordio(stream, framer=True, options=i % 8, cut_seed=i,
+                                            wrap=i % 4, limit=i % 8))
+        seeds.append(T.encode_scan_recordio(_flip(stream, rng), framer=True, options=1 | i % 2 * 2,
+                                            cut_seed=i))
+        seeds.append(T.encode_scan_recordio(stream, whole=False, pos=8, end=len(stream) - 3))
+    return seeds
+
+
+def parse_examples_seeds(rng: random.Random) -> List[bytes]:
+    from streamio import encode_example
+
+    records = [encode_example({"x": [float(i), -1.5, 1e30], "label": i - 3,
+                               "tags": [b"a" * i, "b"]}) for i in range(4)]
+    records.append(encode_example({"x": np.float32([0.5] * 7), "label": [2 ** 40, -1],
+                                   "": b"empty key", "\xff": [True, False]}))
+    records.append(encode_example({}))
+    full = (b"x", 2), (b"label", 3), (b"tags", 1)
+    tf_written = _payloads((FIXTURES / "examples" / "examples.tfrecord").read_bytes(), "tfrecord")
+    seeds = [T.encode_parse_examples(records, full),
+             T.encode_parse_examples(records[:2], ((b"x", 2),), wrap=2),
+             T.encode_parse_examples(records, ((b"x", 3), (b"tags", 1)), wrap=3),  # wrong kind
+             T.encode_parse_examples([_flip(r, rng, 2) for r in records], full),
+             T.encode_parse_examples(records[:1] + [b"\x0a\x05ab"], full),
+             T.encode_parse_examples([], full)]
+    if tf_written:  # written by TensorFlow (fixtures/make_examples.py), described beside
+        import json
+
+        features = json.loads((FIXTURES / "examples" / "examples.json").read_text())["features"]
+        kinds = {"bytes": 1, "float32": 2, "int64": 3}
+        spec = [(name.encode(), kinds.get(f.get("dtype"), 1)) for name, f in features.items()]
+        for start in range(0, len(spec), 7):
+            seeds.append(T.encode_parse_examples(tf_written, spec[start:start + 7]))
+    return seeds
+
+
+def parse_recordio_protobuf_seeds(rng: random.Random) -> List[bytes]:
+    from streamio.decoders.recordio_protobuf import encode_recordio_protobuf
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3) - 2.5
+    batches = [
+        (encode_recordio_protobuf(x, np.arange(4, dtype=np.float32)),
+         [((1, b"values"), 2), ((2, b"values"), 2)]),
+        (encode_recordio_protobuf(x.astype(np.float64), np.arange(4, dtype=np.float64)),
+         [((1, b"values"), 3), ((2, b"values"), 3)]),
+        (encode_recordio_protobuf(x.astype(np.int32) * 1000, np.arange(4, dtype=np.int32)),
+         [((1, b"values"), 7), ((2, b"values"), 7)]),
+        (encode_recordio_protobuf({"values": x, "w": x[:, :1]}),
+         [((1, b"values"), 2), ((1, b"w"), 2)]),
+    ]
+    try:
+        import scipy.sparse
+
+        sparse = scipy.sparse.random(5, 50, density=0.1, format="csr", dtype=np.float32,
+                                     random_state=1)
+        batches.append((encode_recordio_protobuf(sparse, np.ones(5, dtype=np.float32)),
+                        [((1, b"values"), 2), ((2, b"values"), 2)]))
+    except ImportError:
+        pass
+    for rel, kind in (("ml-io/complete_records.pr", 2), ("ml-io/test.pbr", 7),
+                      ("sagemaker-xgboost-container/train.pb", 7),
+                      ("sagemaker-xgboost-container/sparse/train.pb", 7),
+                      ("sagemaker-xgboost-container/single_feature_label.pb", 3),
+                      ("sagemaker-xgboost-container/sparse_edge_cases/rectangular_sparse.pbr", 7),
+                      ("sagemaker-python-sdk/nips-train_1.pbr", 2),
+                      ("sagemaker-python-sdk/first_10_rows_recordio", 2)):
+        records = _payloads(_peer(rel), "recordio", limit=3, multipart="concat")
+        if records:
+            batches.append(([r for r in records if len(r) < MAX_SEED // 2][:3] or records[:1],
+                            [((1, b"values"), kind), ((2, b"values"), kind)]))
+    seeds = []
+    for i, (records, spec) in enumerate(batches):
+        seeds.append(T.encode_parse_recordio_protobuf(records, spec, wrap=i % 4))
+        seeds.append(T.encode_parse_recordio_protobuf([_flip(r, rng, 2) for r in records], spec))
+    return seeds
+
+
+def parse_csv_floats_seeds(rng: random.Random) -> List[bytes]:
+    hard = [b"9007199254740993", b"0.1e-22", b"1234567890123456789012", b"2.2250738585072011e-308",
+            b"7.038531e-26", b"123456789e-30"]
+    numbers = [repr(rng.uniform(-1e6, 1e6)).encode() for _ in range(30)]
+    rows3 = [b",".join(numbers[i:i + 3]) for i in range(0, 30, 3)]
+    seeds = [T.encode_parse_csv_floats(rows3, 3),
+             T.encode_parse_csv_floats(rows3, 3, double=True, usecols=[2, 0]),
+             T.encode_parse_csv_floats([b";".join(hard)], len(hard), delimiter=b";", double=True),
+             T.encode_parse_csv_floats([b",".join(hard)], len(hard)),
+             T.encode_parse_csv_floats([b"-0,+.5,5.,1e400", b"1e-400,0000.000,.5e-3,-1"], 4),
+             T.encode_parse_csv_floats([b"1,2", b"3"], 2),
+             T.encode_parse_csv_floats([b'"1",2'], 2),
+             T.encode_parse_csv_floats([b"nan,inf", b" 1,2"], 2, double=True)]
+    for rel, ncols in (("ml-io/test.csv", 4), ("sagemaker-xgboost-container/train.csv", 6)):
+        text = _peer(rel)
+        if text:
+            seeds.append(T.encode_parse_csv_floats(text.rstrip(b"\n").split(b"\n"), ncols))
+            seeds.append(T.encode_parse_csv_floats(text.replace(b"\r", b"").split(b"\n"), ncols,
+                                                   usecols=[0]))
+    return seeds
+
+
+def shuffle_seeds(rng: random.Random) -> List[bytes]:
+    seeds = []
+    for n in (1, 2, 5, 16, 40):
+        seeds.append(T.encode_shuffle(n, [rng.randrange(-n, n) for _ in range(rng.randint(0, 60))]))
+        seeds.append(T.encode_shuffle(n, [0] * 5 + [n - 1, -1, -n], aliased=True))
+        seeds.append(T.encode_shuffle(n, [n, 3, -n - 1][:rng.randint(1, 3)], wide=True))
+    return seeds
+
+
+def crc32c_seeds(rng: random.Random) -> List[bytes]:
+    seeds = [T.encode_crc32c(b"123456789"), T.encode_crc32c(b"", start=0xFFFFFFFF)]
+    for length in (1, 7, 8, 64, 255, 767, 768, 769, 3000):
+        seeds.append(T.encode_crc32c(rng.randbytes(length), offset=length % 8,
+                                     start=rng.getrandbits(32) if length % 2 else None))
+    return seeds
+
+
+SEEDS = {
+    "scan_tfrecords": scan_tfrecords_seeds,
+    "scan_recordio": scan_recordio_seeds,
+    "parse_examples": parse_examples_seeds,
+    "parse_recordio_protobuf": parse_recordio_protobuf_seeds,
+    "parse_csv_floats": parse_csv_floats_seeds,
+    "shuffle_exchange": shuffle_seeds,
+    "shuffle_exchange_int64": shuffle_seeds,
+    "crc32c": crc32c_seeds,
+}
+
+
+def findings_for(name: str) -> List[bytes]:
+    """Inputs that once found a bug (findings/<target>-*): every run replays them first."""
+    return [p.read_bytes() for p in sorted(FINDINGS.glob(f"{name}-*")) if p.is_file()]
+
+
+def seeds_for(name: str) -> List[bytes]:
+    """The seed inputs of one target: its findings, and what its seed maker writes."""
+    maker = SEEDS.get(name)
+    made = [s[:MAX_SEED] for s in maker(random.Random(name))] if maker else []
+    return findings_for(name) + made
+
+
+def write_corpus(out: Path, names: Iterable[str] = ()) -> Dict[str, int]:
+    counts = {}
+    for name in list(names) or list(T.TARGETS):
+        folder = out / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for seed in seeds_for(name):
+            (folder / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
+        counts[name] = len(list(folder.iterdir()))
+    return counts
+
+
+def main(argv: list | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("targets", nargs="*", help="default: all")
+    args = parser.parse_args(argv)
+    if not PEER.exists():
+        print(f"note: {PEER} not found; seeds from streamio's writers only")
+    for name, count in write_corpus(args.out, args.targets).items():
+        print(f"{name}: {count} seeds in {args.out / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

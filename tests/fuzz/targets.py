@@ -1,0 +1,505 @@
+"""Fuzz targets: each C kernel against its pure-Python reference, as a function of raw bytes.
+
+A target is ``run(ck, data)``: it decodes the fuzzer's bytes into the kernel's arguments, calls
+the kernel from ``ck`` (the C module: the sanitizer build under ``fuzz.py``, the normal build in
+``tests/test_fuzz_harness.py``) and the reference, and raises ``Mismatch`` when they differ. The
+comparison rules are those of ``tests/test_speedups.py`` (same records, same ``(pos, status)``,
+same error message, index and field, same arrays bit for bit, no reference leaked); an exception
+a rule does not expect propagates, and the fuzzer reports it as a crash.
+
+Every target has an ``encode`` that builds an input from readable arguments, so the seeds
+(``make_corpus.py``) are valid streams written by streamio's own writers, and a mutation of a
+seed's payload bytes stays a mutation of the stream. Input layouts are in each decoder.
+
+To add a kernel: write ``run`` and ``encode``, add a ``Target`` to ``TARGETS`` naming the kernel,
+and seeds in ``make_corpus.py``. ``tests/test_fuzz_harness.py`` fails while a public function of
+``streamio._speedups`` has no target.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import struct
+import sys
+from dataclasses import dataclass
+from functools import partial
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+class Mismatch(AssertionError):
+    """The C kernel and its reference disagree on one input."""
+
+
+def expect_equal(name: str, c_value: Any, py_value: Any) -> None:
+    if c_value != py_value:
+        raise Mismatch(f"{name} differs:\n  C:      {c_value!r:.2000}\n"
+                       f"  Python: {py_value!r:.2000}")
+
+
+class Input:
+    """Reads arguments off the front of the fuzzer's bytes; past the end, every read gives 0."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            return 0
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def u16(self) -> int:
+        return self.byte() | self.byte() << 8
+
+    def u32(self) -> int:
+        return self.u16() | self.u16() << 16
+
+    def take(self, n: int) -> bytes:
+        out = self.data[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
+
+    def rest(self) -> bytes:
+        return self.take(len(self.data))
+
+    def records(self) -> List[bytes]:
+        """``u16 length | bytes`` pieces to the end (a length past the end takes what is left)."""
+        out = []
+        while self.pos < len(self.data):
+            out.append(self.take(self.u16()))
+        return out
+
+
+def pack_records(records: Sequence[bytes]) -> bytes:
+    return b"".join(struct.pack("<H", len(r)) + r for r in records)
+
+
+def pack_name(name: bytes) -> bytes:
+    return bytes([len(name)]) + name
+
+
+# --- scan kernels ---------------------------------------------------------------------------------
+
+# mostly the default limit (so payload CRCs get checked), sometimes small, zero or beyond 64 bits
+LIMITS = (1 << 28, 1 << 28, 1 << 28, 1 << 28, 150, 64, 0, 1, 1 << 70)
+WRAPS: Tuple[Callable[[bytes], Any], ...] = (bytes, bytearray, memoryview,
+                                              lambda b: memoryview(bytearray(b)))
+WHOLE, FRAMER = 0x40, 0x80  # flag bits shared by the two scan targets
+
+
+def _cuts(seed: int, n: int) -> List[int]:
+    rng = random.Random(seed)
+    return sorted({rng.randint(0, n) for _ in range(rng.randint(0, 8))})
+
+
+def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int]) -> list:
+    """Feed ``data`` split at ``cuts``; record every result, error and counter a user can see
+    (as tests/test_speedups.py does)."""
+    from streamio.errors import FormatError
+
+    framer = make()
+    events: list = []
+    pieces = [data[pos:cut] for pos, cut in zip([0] + cuts, cuts + [len(data)])]
+    for piece in pieces + [None]:
+        try:
+            records = framer.feed(piece) if piece is not None else framer.finish()
+        except FormatError as err:  # anything else is a bug and propagates
+            events.append(("error", type(err), err.offset, err.record_index, str(err)))
+            break
+        events.append(("records", records))
+    events.append(("counters", framer.records, framer.skipped_records, framer.skipped_bytes))
+    return events
+
+
+def encode_scan_tfrecords(stream: bytes, *, verify: bool = True, wrap: int = 0, limit: int = 0,
+                          whole: bool = True, framer: bool = False, pos: int = 0, end: int = 0,
+                          on_error_skip: bool = False, cut_seed: int = 0) -> bytes:
+    flags = verify | wrap << 1 | limit << 3 | (WHOLE if whole else 0) | (FRAMER if framer else 0)
+    return struct.pack("<BHHBB", flags, pos, end, on_error_skip, cut_seed) + stream
+
+
+def run_scan_tfrecords(ck: ModuleType, data: bytes) -> None:
+    """Input: ``flags u8 | pos u16 | end u16 | on_error u8 | cut seed u8 | stream``. flags: bit 0
+    verify, bits 1-2 buffer type, bits 3-5 limit, bit 6 whole buffer, bit 7 also compare whole
+    framers (accelerate=True vs False) fed the stream in pieces."""
+    from streamio.formats.tfrecord import TFRecordFramer, scan_tfrecords
+
+    inp = Input(data)
+    flags = inp.byte()
+    verify, wrap, limit = bool(flags & 1), WRAPS[flags >> 1 & 3], LIMITS[flags >> 3 & 7]
+    pos_sel, end_sel, on_error, cut_seed = inp.u16(), inp.u16(), inp.byte(), inp.byte()
+    stream = inp.rest()
+    n = len(stream)
+    pos, end = (0, n) if flags & WHOLE else (pos_sel % (n + 1), end_sel % (n + 1))
+    ref_out: list = []
+    c_out: list = []
+    ref = scan_tfrecords(wrap(stream), pos, end, verify, limit, ref_out)
+    fast = ck.scan_tfrecords(wrap(stream), pos, end, verify, limit, c_out)
+    expect_equal("(pos, status)", fast, ref)
+    expect_equal("records", c_out, ref_out)
+    expect_equal("record types", {type(r) for r in c_out} - {bytes}, set())
+    if flags & FRAMER:
+        skip = "skip" if on_error & 1 else "raise"
+        small = 1 << 28 if on_error & 2 == 0 else 100
+        cuts = _cuts(cut_seed, n)
+        runs = [run_framer(partial(TFRecordFramer, verify=verify, on_error=skip,
+                                   max_record_size=small, source="s", accelerate=accelerate),
+                           stream, cuts)
+                for accelerate in (True, False)]
+        expect_equal(f"framer events (on_error={skip}, cuts={cuts})", runs[0], runs[1])
+
+
+def encode_scan_recordio(stream: bytes, *, wrap: int = 0, limit: int = 0, whole: bool = True,
+                         framer: bool = False, pos: int = 0, end: int = 0, options: int = 0,
+                         cut_seed: int = 0) -> bytes:
+    flags = wrap << 1 | limit << 3 | (WHOLE if whole else 0) | (FRAMER if framer else 0)
+    return struct.pack("<BHHBB", flags, pos, end, options, cut_seed) + stream
+
+
+def run_scan_recordio(ck: ModuleType, data: bytes) -> None:
+    """Input: ``flags u8 | pos u16 | end u16 | options u8 | cut seed u8 | stream``. flags as for
+    scan_tfrecords (bit 0 unused); options: bit 0 on_error="skip", bit 1 multipart="concat",
+    bit 2 a small max_record_size for the framers."""
+    from streamio.formats.recordio import RecordIOFramer, scan_recordio
+
+    inp = Input(data)
+    flags = inp.byte()
+    wrap, limit = WRAPS[flags >> 1 & 3], LIMITS[flags >> 3 & 7]
+    pos_sel, end_sel, options, cut_seed = inp.u16(), inp.u16(), inp.byte(), inp.byte()
+    stream = inp.rest()
+    n = len(stream)
+    pos, end = (0, n) if flags & WHOLE else (pos_sel % (n + 1), end_sel % (n + 1))
+    ref_out: list = []
+    c_out: list = []
+    ref = scan_recordio(wrap(stream), pos, end, limit, ref_out)
+    fast = ck.scan_recordio(wrap(stream), pos, end, limit, c_out)
+    expect_equal("(pos, status)", fast, ref)
+    expect_equal("records", c_out, ref_out)
+    expect_equal("record types", {type(r) for r in c_out} - {bytes}, set())
+    if flags & FRAMER:
+        skip = "skip" if options & 1 else "raise"
+        multipart = "concat" if options & 2 else "dmlc"
+        small = 50 if options & 4 else 1 << 28
+        cuts = _cuts(cut_seed, n)
+        runs = [run_framer(partial(RecordIOFramer, multipart=multipart, on_error=skip,
+                                   max_record_size=small, source="s", accelerate=accelerate),
+                           stream, cuts)
+                for accelerate in (True, False)]
+        expect_equal(f"framer events (on_error={skip}, multipart={multipart}, cuts={cuts})",
+                     runs[0], runs[1])
+
+
+# --- decode kernels: protobuf ---------------------------------------------------------------------
+
+def _normalize(value: Any) -> tuple:
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes(), value.flags.writeable)
+    return ("list", [bytes(v) for v in value], [type(v) for v in value])
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> tuple:
+    """What a caller sees: the arrays (bit for bit) or the WireError's message, index, field."""
+    from streamio.decoders._wire import WireError
+
+    try:
+        result = fn(*args)
+    except WireError as exc:
+        return ("error", exc.message, exc.index, exc.field)
+    return ("ok",) + tuple(
+        [_normalize(v) for v in part] if isinstance(part, list) else _normalize(part)
+        for part in result)
+
+
+RECORD_WRAPS: Tuple[Callable[[bytes], Any], ...] = (bytes, bytes, bytearray, memoryview)
+
+
+def encode_parse_examples(records: Sequence[bytes], spec: Sequence[Tuple[bytes, int]],
+                          wrap: int = 0) -> bytes:
+    head = bytes([len(spec) | wrap << 4])
+    head += b"".join(bytes([kind - 1]) + pack_name(name) for name, kind in spec)
+    return head + pack_records(records)
+
+
+def _spec(inp: Input, entry: Callable[[Input], Any]) -> Tuple[int, list]:
+    head = inp.byte()
+    return head >> 4 & 3, [entry(inp) for _ in range(head & 7)]
+
+
+def run_parse_examples(ck: ModuleType, data: bytes) -> None:
+    """Input: ``head u8`` (bits 0-2: number of features, bits 4-5: record type given to C),
+    per feature ``kind-1 u8 | name length u8 | name``, then records as ``u16 length | bytes``."""
+    from streamio.decoders.example import parse_examples
+
+    inp = Input(data)
+    wrap, spec = _spec(inp, lambda i: (i.byte() % 3 + 1, i.take(i.byte() % 32)))
+    records = inp.records()
+    names = tuple(name for _, name in spec)
+    kinds = tuple(kind for kind, _ in spec)
+    fast = outcome(ck.parse_examples, [RECORD_WRAPS[wrap](r) for r in records], names, kinds)
+    expect_equal("parse_examples outcome", fast, outcome(parse_examples, records, names, kinds))
+
+
+PROTOBUF_KINDS = (2, 3, 7, 9)
+
+
+def encode_parse_recordio_protobuf(records: Sequence[bytes],
+                                   spec: Sequence[Tuple[Tuple[int, bytes], int]],
+                                   wrap: int = 0) -> bytes:
+    head = bytes([len(spec) | wrap << 4])
+    head += b"".join(bytes([PROTOBUF_KINDS.index(kind) << 1 | (section - 1)]) + pack_name(key)
+                     for (section, key), kind in spec)
+    return head + pack_records(records)
+
+
+def run_parse_recordio_protobuf(ck: ModuleType, data: bytes) -> None:
+    """Input: ``head u8`` as for parse_examples, per tensor ``kind index << 1 | section-1 u8 |
+    key length u8 | key``, then records as ``u16 length | bytes``."""
+    from streamio.decoders.recordio_protobuf import parse_recordio_protobuf
+
+    def entry(i: Input) -> Tuple[int, Tuple[int, bytes]]:
+        b = i.byte()
+        return PROTOBUF_KINDS[b >> 1 & 3], (b & 1) + 1, i.take(i.byte() % 32)
+
+    inp = Input(data)
+    wrap, spec = _spec(inp, entry)
+    records = inp.records()
+    names = tuple((section, key) for _, section, key in spec)
+    kinds = tuple(kind for kind, _, _ in spec)
+    fast = outcome(ck.parse_recordio_protobuf, [RECORD_WRAPS[wrap](r) for r in records], names,
+                   kinds)
+    expect_equal("parse_recordio_protobuf outcome", fast,
+                 outcome(parse_recordio_protobuf, records, names, kinds))
+
+
+# --- decode kernel: CSV numbers -------------------------------------------------------------------
+
+# What the kernel must read (tests/test_speedups.py): plain decimal numbers, nothing else.
+SIMPLE_NUMBER = re.compile(rb"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+DELIMITERS = (b",", b";")
+MAX_COLUMNS = 8
+
+
+def encode_parse_csv_floats(rows: Sequence[bytes], ncols: int, *, double: bool = False,
+                            delimiter: bytes = b",", usecols: Optional[Sequence[int]] = None
+                            ) -> bytes:
+    flags = double | DELIMITERS.index(delimiter) << 1 | (usecols is not None) << 2
+    head = bytes([ncols - 1, flags])
+    if usecols is not None:
+        head += bytes([len(usecols)]) + bytes(usecols)
+    return head + b"\n".join(rows)
+
+
+def _loadtxt(rows: List[bytes], delimiter: bytes, usecols: Optional[List[int]], double: bool
+             ) -> Optional[np.ndarray]:
+    try:
+        return np.loadtxt(rows, dtype=np.float64 if double else np.float32,
+                          delimiter=delimiter.decode(), quotechar=None, comments=None, ndmin=2,
+                          usecols=usecols, encoding="latin-1")
+    except ValueError:
+        return None
+
+
+def run_parse_csv_floats(ck: ModuleType, data: bytes) -> None:
+    """Input: ``ncols-1 u8 | flags u8`` (bit 0 float64, bit 1 ';' for ',', bit 2 usecols), then
+    ``count u8 | columns`` if usecols, then the rows joined by ``\\n``. The reference is the
+    rule of tests/test_speedups.py: the kernel returns None unless every row has ncols fields and
+    every selected field is a plain number, and then exactly np.loadtxt's values (compared where
+    no row holds a CR, which loadtxt reads as a line break)."""
+    inp = Input(data)
+    ncols = inp.byte() % MAX_COLUMNS + 1
+    flags = inp.byte()
+    double, delimiter = bool(flags & 1), DELIMITERS[flags >> 1 & 1]
+    usecols: Optional[List[int]] = None
+    if flags & 4:
+        wanted = [c % ncols for c in inp.take(inp.byte() % (ncols + 1))]
+        usecols = list(dict.fromkeys(wanted)) or [0]  # unique, at least one, any order
+    text = inp.rest()
+    rows = text.split(b"\n") if text else []
+    got = ck.parse_csv_floats(rows, ncols, delimiter, usecols, double)
+    simple = all(len(row.split(delimiter)) == ncols for row in rows) and all(
+        SIMPLE_NUMBER.fullmatch(row.split(delimiter)[c])
+        for row in rows for c in (range(ncols) if usecols is None else usecols))
+    expect_equal("returned a table (None: not plain numbers)", got is not None, simple)
+    if got is None:
+        return
+    width = ncols if usecols is None else len(usecols)
+    if not rows:  # loadtxt cannot know the width of an empty table
+        expect_equal("empty table shape", got.shape, (0, width))
+        return
+    if any(b"\r" in row for row in rows):
+        # Outside the kernel's domain ("rows without line terminators"): loadtxt would split
+        # such a row where the kernel, rightly, never looks (a CR in an unused field).
+        return
+    expected = _loadtxt(rows, delimiter, usecols, double)
+    if expected is None:
+        raise Mismatch(f"np.loadtxt rejects rows the kernel read: {rows!r:.2000}")
+    expect_equal("dtype and shape", (got.dtype, got.shape), (expected.dtype, expected.shape))
+    # bit for bit: -0.0, rounding, overflow to inf
+    expect_equal("values", got.tobytes(), expected.tobytes())
+    expect_equal("writeable", got.flags.writeable, True)
+
+
+# --- shuffle kernels ------------------------------------------------------------------------------
+
+MAX_SLOTS = 60
+
+
+def encode_shuffle(n: int, slots: Sequence[int], *, wide: bool = False, aliased: bool = False
+                   ) -> bytes:
+    """Slots in [-n, n) as bytes (``wide``: any int8, so some fall outside the buffer)."""
+    if wide:
+        raw = bytes(s & 0xFF for s in slots)
+    else:
+        raw = bytes((s + n) % (2 * n) for s in slots)
+    return bytes([n - 1, wide | aliased << 1]) + raw
+
+
+def _slots(inp: Input) -> Tuple[int, np.ndarray, bool, bool]:
+    n = inp.byte() % 40 + 1
+    flags = inp.byte()
+    raw = inp.take(MAX_SLOTS)
+    if flags & 1:
+        slots = np.frombuffer(raw, dtype=np.int8).astype(np.int64)
+    else:
+        slots = np.array([b % (2 * n) - n for b in raw], dtype=np.int64)
+    return n, slots, bool(flags & 1), bool(flags & 2)
+
+
+def _in_range(slots: np.ndarray, n: int) -> bool:
+    return bool(((slots >= -n) & (slots < n)).all())
+
+
+def run_shuffle_exchange(ck: ModuleType, data: bytes) -> None:
+    """Input: ``n-1 u8 | flags u8 | slots (u8 each, at most 60)``; flags bit 0: raw int8 slots
+    (some out of range: IndexError, buffer untouched). Reference: ``_ExchangePlan.apply``."""
+    from streamio.pipeline.shuffle import _ExchangePlan
+
+    n, slots, _, _ = _slots(Input(data))
+    items = [("new", j) for j in range(len(slots))]
+    old = [("old", i) for i in range(n)]
+    baseline = [sys.getrefcount(x) for x in items + old]
+    c_buf = np.empty(n, dtype=object)
+    c_buf[:] = old
+    if not _in_range(slots, n):
+        try:
+            ck.shuffle_exchange(c_buf, slots, items)
+        except IndexError:
+            pass
+        else:
+            raise Mismatch(f"no IndexError for slots {slots.tolist()} in a buffer of {n}")
+        expect_equal("buffer after a refused exchange", c_buf.tolist(), old)
+    else:
+        ref_buf = c_buf.copy()
+        expected = _ExchangePlan(slots % n, n).apply(
+            ref_buf, np.fromiter(items, dtype=object, count=len(items))).tolist()
+        got = ck.shuffle_exchange(c_buf, slots, items)
+        expect_equal("emitted items", got, expected)
+        expect_equal("buffer", c_buf.tolist(), ref_buf.tolist())
+        del got, expected, ref_buf
+    del c_buf
+    expect_equal("reference counts", [sys.getrefcount(x) for x in items + old], baseline)
+
+
+def run_shuffle_exchange_int64(ck: ModuleType, data: bytes) -> None:
+    """Input as for shuffle_exchange; flags bit 1: ``new`` and ``out`` are one array (the kernel
+    reads new[j] before it writes out[j])."""
+    from streamio.pipeline.shuffle import _ExchangePlan
+
+    n, slots, _, aliased = _slots(Input(data))
+    new = np.arange(1000, 1000 + len(slots), dtype=np.int64)
+    c_buf = np.arange(n, dtype=np.int64)
+    out = new.copy() if aliased else np.full(len(slots), -1, dtype=np.int64)
+    given_new = out if aliased else new
+    if not _in_range(slots, n):
+        try:
+            ck.shuffle_exchange_int64(c_buf, slots, given_new, out)
+        except IndexError:
+            pass
+        else:
+            raise Mismatch(f"no IndexError for slots {slots.tolist()} in a buffer of {n}")
+        expect_equal("buffer after a refused exchange", c_buf.tolist(), list(range(n)))
+        return
+    ref_buf = c_buf.copy()
+    expected = _ExchangePlan(slots % n, n).apply(ref_buf, new)
+    expect_equal("return value", ck.shuffle_exchange_int64(c_buf, slots, given_new, out), None)
+    expect_equal("out", out.tolist(), expected.tolist())
+    expect_equal("buffer", c_buf.tolist(), ref_buf.tolist())
+
+
+# --- CRC-32C --------------------------------------------------------------------------------------
+
+def encode_crc32c(payload: bytes, *, start: Optional[int] = None, offset: int = 0) -> bytes:
+    flags = offset | (start is not None) << 3
+    return bytes([flags]) + struct.pack("<I", start or 0) + payload
+
+
+def run_crc32c(ck: ModuleType, data: bytes) -> None:
+    """Input: ``flags u8`` (bits 0-2: start offset in a larger buffer, for alignment; bit 3:
+    pass a start value) ``| start u32 | data``. Reference: the ``crc32c`` package."""
+    import crc32c
+
+    inp = Input(data)
+    flags, start = inp.byte(), inp.u32()
+    offset = flags & 7
+    payload = inp.rest()
+    view = memoryview(bytes(offset) + payload)[offset:]
+    for name in ("crc32c", "crc32c_portable"):
+        fn = getattr(ck, name, None)
+        if fn is None:
+            continue
+        if flags & 8:
+            expect_equal(f"{name}(data, start)", fn(view, start), crc32c.crc32c(payload, start))
+        else:
+            expect_equal(f"{name}(data)", fn(view), crc32c.crc32c(payload))
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kernels: Tuple[str, ...]  # the functions of streamio._speedups this target covers
+    run: Callable[[ModuleType, bytes], None]
+    # streamio modules whose Python code atheris instruments for coverage (the references)
+    references: Tuple[str, ...]
+
+    def available(self, ck: ModuleType) -> bool:
+        """Whether the build has the first kernel (a target for a kernel yet to come is skipped)."""
+        return hasattr(ck, self.kernels[0])
+
+    def one_input(self, ck: ModuleType) -> Callable[[bytes], None]:
+        return lambda data: self.run(ck, data)
+
+
+TARGETS: Dict[str, Target] = {t.name: t for t in [
+    Target("scan_tfrecords", ("scan_tfrecords",), run_scan_tfrecords,
+           ("streamio.formats.tfrecord",)),
+    Target("scan_recordio", ("scan_recordio",), run_scan_recordio,
+           ("streamio.formats.recordio",)),
+    Target("parse_examples", ("parse_examples",), run_parse_examples,
+           ("streamio.decoders.example", "streamio.decoders._wire")),
+    Target("parse_recordio_protobuf", ("parse_recordio_protobuf",), run_parse_recordio_protobuf,
+           ("streamio.decoders.recordio_protobuf", "streamio.decoders._wire")),
+    Target("parse_csv_floats", ("parse_csv_floats",), run_parse_csv_floats, ()),
+    Target("shuffle_exchange", ("shuffle_exchange",), run_shuffle_exchange,
+           ("streamio.pipeline.shuffle",)),
+    Target("shuffle_exchange_int64", ("shuffle_exchange_int64",), run_shuffle_exchange_int64,
+           ("streamio.pipeline.shuffle",)),
+    Target("crc32c", ("crc32c", "crc32c_portable"), run_crc32c, ()),
+]}
+
+
+def public_kernels(ck: ModuleType) -> List[str]:
+    """The functions a build of the extension offers (its public, callable names)."""
+    return sorted(name for name in dir(ck)
+                  if not name.startswith("_") and callable(getattr(ck, name)))
+
+
+def uncovered_kernels(ck: ModuleType) -> List[str]:
+    covered = {k for t in TARGETS.values() for k in t.kernels}
+    return [name for name in public_kernels(ck) if name not in covered]
