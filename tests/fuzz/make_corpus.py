@@ -229,6 +229,21 @@ def crc32c_seeds(rng: random.Random) -> List[bytes]:
     return seeds
 
 
+def find_sync_seeds(rng: random.Random) -> List[bytes]:
+    """Garbage, then real frames written by streamio's own encoders, at every alignment."""
+    from streamio.formats import encode_recordio, encode_tfrecord
+
+    seeds = []
+    for junk in (0, 1, 3, 5, 64):
+        for frame in (encode_tfrecord(b"payload"), encode_recordio(b"payload"),
+                      encode_recordio(b"x" * 40, multipart="concat")):
+            buf = bytes(junk) + rng.randbytes(junk) + frame + encode_tfrecord(b"next")
+            seeds.append(T.encode_find_sync(buf, base=junk % 4, pos=junk % 3))
+    seeds.append(T.encode_find_sync(bytes(4096)))  # a run of zeros: the slow case once
+    seeds.append(T.encode_find_sync(rng.randbytes(2048), limit=16))
+    return seeds
+
+
 SEEDS = {
     "scan_tfrecords": scan_tfrecords_seeds,
     "scan_recordio": scan_recordio_seeds,
@@ -238,6 +253,7 @@ SEEDS = {
     "shuffle_exchange": shuffle_seeds,
     "shuffle_exchange_int64": shuffle_seeds,
     "crc32c": crc32c_seeds,
+    "find_sync": find_sync_seeds,
 }
 
 

@@ -458,6 +458,35 @@ def run_crc32c(ck: ModuleType, data: bytes) -> None:
             expect_equal(f"{name}(data)", fn(view), crc32c.crc32c(payload))
 
 
+def encode_find_sync(buf: bytes, *, which: int = 3, base: int = 0, pos: int = 0, cut: int = 0,
+                     limit: int = 1 << 20) -> bytes:
+    return bytes([which | (base & 3) << 2]) + struct.pack("<HHI", pos, cut, limit) + buf
+
+
+def run_find_sync(ck: ModuleType, data: bytes) -> None:
+    """Input: ``flags u8`` (bits 0-1: which finder(s): 1 TFRecord, 2 RecordIO, 3 both; bits 2-3:
+    ``base`` mod 4 for RecordIO's alignment) ``| pos u16 | cut u16 | limit u32 | buffer``.
+    ``pos`` and ``end`` (the buffer's length minus ``cut``) are clamped into the buffer, as a
+    framer passes them; ``limit`` is ``max_record_size`` (0 means 1). Same offset or -1 from C and
+    Python. References: ``find_tfrecord_sync`` / ``find_recordio_sync`` beside their framers."""
+    from streamio.formats.recordio import find_recordio_sync
+    from streamio.formats.tfrecord import find_tfrecord_sync
+
+    inp = Input(data)
+    flags, pos, cut, limit = inp.byte(), inp.u16(), inp.u16(), inp.u32()
+    buf = inp.rest()
+    end = max(0, len(buf) - cut % (len(buf) + 1))
+    pos = min(pos, end)
+    limit = max(1, limit)
+    if flags & 1 and hasattr(ck, "find_tfrecord_sync"):
+        expect_equal("find_tfrecord_sync", ck.find_tfrecord_sync(buf, pos, end, limit),
+                     find_tfrecord_sync(buf, pos, end, limit))
+    if flags & 2 and hasattr(ck, "find_recordio_sync"):
+        base = (flags >> 2) & 3
+        expect_equal("find_recordio_sync", ck.find_recordio_sync(buf, pos, end, base, limit),
+                     find_recordio_sync(buf, pos, end, base, limit))
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -491,6 +520,8 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
     Target("shuffle_exchange_int64", ("shuffle_exchange_int64",), run_shuffle_exchange_int64,
            ("streamio.pipeline.shuffle",)),
     Target("crc32c", ("crc32c", "crc32c_portable"), run_crc32c, ()),
+    Target("find_sync", ("find_tfrecord_sync", "find_recordio_sync"), run_find_sync,
+           ("streamio.formats.tfrecord", "streamio.formats.recordio")),
 ]}
 
 
