@@ -239,6 +239,8 @@ def find_sync_seeds(rng: random.Random) -> List[bytes]:
                       encode_recordio(b"x" * 40, multipart="concat")):
             buf = bytes(junk) + rng.randbytes(junk) + frame + encode_tfrecord(b"next")
             seeds.append(T.encode_find_sync(buf, base=junk % 4, pos=junk % 3))
+    for frame in (encode_tfrecord(b""), encode_recordio(b"")):  # a header as the last bytes
+        seeds.append(T.encode_find_sync(rng.randbytes(8) + frame[:12]))
     seeds.append(T.encode_find_sync(bytes(4096)))  # a run of zeros: the slow case once
     seeds.append(T.encode_find_sync(rng.randbytes(2048), limit=16))
     return seeds
