@@ -10,9 +10,9 @@ from __future__ import annotations
 from . import errors
 from .decoders import (Csv, Example, FieldSpec, FixedLen, RecordIOProtobuf, SequenceExample,
                        SparseBatch, VarLen, encode_example)
-from .errors import (CorruptRecordError, DecodeError, FormatError, MissingDependencyError,
-                     RecordTooLargeError, SourceError, StreamioError, TruncatedStreamError,
-                     UsageError)
+from .errors import (CorruptRecordError, DecodeError, FormatError, MapError,
+                     MissingDependencyError, RecordTooLargeError, SourceError, StreamioError,
+                     TruncatedStreamError, UsageError)
 from .pipeline import Dataset
 from .reader import RecordReader, read_records, write_recordio_protobuf, write_records
 from .sources import PipeChannel
@@ -28,6 +28,7 @@ __all__ = [
     "FieldSpec",
     "FixedLen",
     "FormatError",
+    "MapError",
     "MissingDependencyError",
     "PipeChannel",
     "RecordIOProtobuf",
