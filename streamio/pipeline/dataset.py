@@ -221,6 +221,7 @@ class Dataset:
         self._round_robin: tuple = ()  # (num_shards, index) layers over each source's records
         self._stages: tuple = ()
         self._context = PipelineContext()
+        self._feed: Any = None  # reads the records instead of the sources (a shared stream)
         self._reset_runtime()
 
     def _reset_runtime(self) -> None:
@@ -443,6 +444,12 @@ class Dataset:
         context = PipelineContext(epoch, rank, world_size, worker, num_workers)
         return self._derive(_context=context)
 
+    def _with_feed(self, feed: Any) -> "Dataset":
+        """A copy whose epochs take their records from ``feed(run)`` (blocks ``(records,
+        ids)``) instead of opening the sources: how DataLoader workers share one stream (see
+        :mod:`streamio.adapters.shared_stream`)."""
+        return self._derive(_feed=feed)
+
     # -- adapters ---------------------------------------------------------------------------
     def to_torch(self, **kwargs: Any) -> Any:
         """A ``torch.utils.data.IterableDataset`` (see :mod:`streamio.adapters.torch`)."""
@@ -555,6 +562,9 @@ class _EpochRun:
     # -- the source end -------------------------------------------------------------------------
     def read_blocks(self) -> Iterator[tuple]:
         ds = self.ds
+        if ds._feed is not None:
+            yield from ds._feed(self)
+            return
         stats = self.stats
         layers = ds._round_robin
         takes_header = self.decoder is not None and _takes_header(self.decoder)
