@@ -26,9 +26,11 @@ a forked child can inherit a lock one of them held and deadlock. A forkserver ch
 a small single-threaded server, so starting ``k`` of them costs a fraction of a second per epoch,
 and they import neither torch nor TensorFlow unless ``fn`` needs them. ``fn`` must therefore be
 picklable (a module-level function, a ``functools.partial``, a decoder's bound method); this is
-checked when ``map()`` is called. Records go to a child through shared memory, one segment per
-task (the records' bytes end to end; only their lengths travel through the pipe), and results
-come back pickled, one message per task.
+checked when ``map()`` is called. Records go to a child through shared memory: each child has
+two slots (its two queued tasks), each a segment the parent creates once, reuses for task after
+task (grown when a task needs more) and unlinks when the stage closes; a task's records are
+written end to end and only their lengths travel through the pipe. Results come back pickled,
+one message per task.
 
 Seeds: with ``map(..., seed=s)`` the function is called as ``fn(item, rng)``; ``rng`` is a
 ``numpy.random.Generator`` from :func:`item_rng`, derived from ``(s, epoch, record)`` for
@@ -69,7 +71,7 @@ TASK_ITEMS = 64
 TASK_BYTES = 1 << 20
 #: No new task starts while those in flight hold this many bytes of input.
 MAX_INFLIGHT_BYTES = 64 << 20
-#: Shared-memory segments of map tasks are named ``streamio-map-<pid>-<random>-<task>``.
+#: Shared-memory segments of map tasks: ``streamio-map-<pid>-<random>-<child>-<slot>-<n>``.
 SEGMENT_PREFIX = "streamio-map-"
 #: How long a closing pool waits for idle processes to exit before terminating them.
 _EXIT_GRACE_S = 1.0
@@ -318,6 +320,15 @@ def _unpack(buf: memoryview, shape: Optional[np.ndarray], lengths: np.ndarray) -
 def _child_main(conn: Any, fn_bytes: bytes, seeds: Optional[_Seeds]) -> None:
     """A map process: tasks in, results out, until told to stop or the parent goes away."""
     fn = pickle.loads(fn_bytes)
+    attached: dict = {}  # slot -> its segment, mapped once and kept while the parent reuses it
+    try:
+        _serve_tasks(conn, fn, seeds, attached)
+    finally:
+        for segment in attached.values():
+            segment.close()
+
+
+def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dict) -> None:
     while True:
         try:
             message = conn.recv()
@@ -325,17 +336,19 @@ def _child_main(conn: Any, fn_bytes: bytes, seeds: Optional[_Seeds]) -> None:
             return  # the parent is gone or stopping us
         if message is None:
             return
-        tid, name, size, shape, lengths, records, first = message
+        tid, slot, name, size, shape, lengths, records, first = message
         t0 = time.perf_counter()
         try:
-            # Attach by name and copy the records out; the parent owns (and unlinks) the segment.
-            # (Attaching registers the name with the resource tracker, which the child shares
-            # with its parent: a set, so the parent's unlink still leaves it clean.)
-            segment = shared_memory.SharedMemory(name)
-            try:
-                items = _unpack(segment.buf[:size], shape, lengths)
-            finally:
-                segment.close()
+            # The parent owns (and unlinks) the segments; a slot's segment changes name only
+            # when the parent replaced it with a larger one. (Attaching registers the name with
+            # the resource tracker, which the child shares with its parent: a set, so the
+            # parent's unlink leaves it clean.)
+            segment = attached.get(slot)
+            if segment is None or segment.name != name:
+                if segment is not None:
+                    segment.close()
+                segment = attached[slot] = shared_memory.SharedMemory(name)
+            items = _unpack(segment.buf[:size], shape, lengths)
             results, failure = _apply(fn, items, records, first, seeds)
         except Exception as exc:  # noqa: BLE001 - reported like a failure of fn on item 0
             results, failure = [], (0, exc)
@@ -367,7 +380,12 @@ class _Processes:
         self.conns: list = []
         self.procs: list = []
         self.queued: list = []  # per child: deque of task ids sent to it
-        self.tasks: dict = {}  # tid -> (task, segment)
+        # Two slots per child (its two queued tasks), each with a segment that is reused from
+        # task to task: creating and unlinking one per task costs more than copying 1 MiB.
+        self.segments: dict = {}  # (child, slot) -> SharedMemory
+        self.free: list = []  # per child: its free slots
+        self.generation = 0
+        self.tasks: dict = {}  # tid -> (task, child, slot)
         self.finished: dict = {}  # tid -> _Outcome, waiting for its turn
         try:
             for _ in range(k):
@@ -379,17 +397,26 @@ class _Processes:
                 self.conns.append(parent)
                 self.procs.append(proc)
                 self.queued.append(collections.deque())
+                self.free.append(collections.deque([0, 1]))
         except BaseException:
             self.close()
             raise
 
     def submit(self, task: _Task) -> None:
         child = min(range(len(self.procs)), key=lambda i: len(self.queued[i]))
+        slot = self.free[child].popleft()
         shape, lengths, parts = _pack(task.items)
         size = int(lengths.sum()) if shape is not None else len(parts[0])
-        segment = shared_memory.SharedMemory(f"{self.prefix}{task.tid}", create=True,
-                                             size=max(1, size))
-        self.tasks[task.tid] = (task, segment)
+        segment = self.segments.get((child, slot))
+        if segment is None or segment.size < size:
+            if segment is not None:
+                _release(segment)
+            self.generation += 1
+            capacity = max(TASK_BYTES, 1 << max(0, size - 1).bit_length())
+            segment = shared_memory.SharedMemory(
+                f"{self.prefix}{child}-{slot}-{self.generation}", create=True, size=capacity)
+            self.segments[(child, slot)] = segment
+        self.tasks[task.tid] = (task, child, slot)
         buf = segment.buf
         pos = 0
         for part in parts:
@@ -399,8 +426,8 @@ class _Processes:
         # Only names, sizes and lengths go through the pipe: a few hundred bytes, so a send
         # never waits on a child that is itself waiting to send its results.
         try:
-            self.conns[child].send((task.tid, segment.name, size, shape, lengths, task.records,
-                                    task.first))
+            self.conns[child].send((task.tid, slot, segment.name, size, shape, lengths,
+                                    task.records, task.first))
         except OSError:
             self.procs[child].join(_EXIT_GRACE_S)
             raise self._died(child) from None
@@ -433,8 +460,8 @@ class _Processes:
     def _file(self, child: int, message: tuple) -> None:
         tid, results, failure, busy = message
         self.queued[child].remove(tid)
-        task, segment = self.tasks.pop(tid)
-        _release(segment)
+        task, _, slot = self.tasks.pop(tid)
+        self.free[child].append(slot)
         if failure is not None:
             position, exc, text = failure
             exc.__cause__ = _RemoteTraceback(text)
@@ -471,8 +498,9 @@ class _Processes:
         for conn in self.conns:
             conn.close()
         self.conns, self.procs = [], []
-        for _, segment in self.tasks.values():
+        for segment in self.segments.values():
             _release(segment)
+        self.segments.clear()
         self.tasks.clear()
         self.finished.clear()
 
