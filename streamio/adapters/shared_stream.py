@@ -22,6 +22,11 @@ Memory: the dealer reads at most :data:`READ_AHEAD` blocks ahead of the requests
 at most two requested blocks in flight (in the socket); each worker's shuffle buffer holds its
 own share (a ``shuffle(n)`` costs ``n`` records in *each* worker).
 
+Stats: worker 0's ``stats()`` counts what the dealer read (``bytes``, ``records_read``, ...);
+every worker counts the records and batches it delivered. A ``map(backend="process")`` cannot
+start processes inside a DataLoader worker (daemonic): use threads there, the workers are the
+processes.
+
 Failure: every side ends the epoch with an error, never a hang.
 
 - A worker that dies (its socket closes without saying goodbye): the dealer raises a
