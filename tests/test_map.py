@@ -323,3 +323,17 @@ def test_process_map_carries_large_batches_exactly(tmp_path):
            for d in batch]
     assert got == [hashlib.sha256(r).hexdigest() for r in records]
     assert_clean(before)
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_a_map_behind_prefetch_is_cleaned_up_too(path, backend):
+    """The prefetch thread runs the map stage (and owns its pool); closing the epoch from the
+    consumer still stops everything."""
+    before = shm_names()
+    ds = Dataset(path, "tfrecord").map(slow, num_parallel=2, backend=backend).prefetch(2).batch(5)
+    it = iter(ds)
+    for _ in range(3):
+        next(it)
+    it.close()
+    assert_clean(before)
+    assert [t for t in threading.enumerate() if "prefetch" in t.name.lower()] == []
