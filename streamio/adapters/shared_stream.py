@@ -4,8 +4,9 @@ A FIFO, a :class:`~streamio.PipeChannel` or stdin can be read by one process onl
 ``DataLoader(ds.to_torch(), num_workers=k)`` reads one, worker 0 starts a **dealer** thread that
 opens the stream, frames it (the usual :class:`~streamio.RecordReader` loop) and cuts the records
 into blocks of at most :data:`BLOCK_RECORDS` records and :data:`BLOCK_BYTES` bytes. Every worker
-(worker 0 too) is a **client**: it connects to the dealer over a Unix socket and asks for
-blocks, two requests ahead; the dealer answers requests in the order they arrive. Each block goes
+(worker 0 too) is a **client**: it connects to the dealer over a Unix socket and asks for a
+block each time it needs one; the dealer answers requests in the order they arrive, from blocks
+it framed ahead. Each block goes
 to exactly one worker, and each worker runs the rest of the pipeline (shuffle, batch, decoder,
 ``map``) on its blocks, so decoding runs on ``k`` cores while the stream is read once.
 
@@ -14,13 +15,13 @@ not asked does not read. A dealer that pushed block ``i`` to worker ``i % k`` wo
 worker the DataLoader is not asking while the DataLoader waits for another worker that needs
 that block: a deadlock as soon as workers need different numbers of blocks per batch (a filter,
 a shuffle buffer filling). A dealer that only answers requests never waits on a worker that is
-not waiting for it. The price: which worker gets which block depends on timing, so the order of
+not waiting for it (which is also why a worker asks only when it is about to read: a block asked
+for ahead may not fit the socket's buffer, and sending it would wait on that worker). The price: which worker gets which block depends on timing, so the order of
 batches (and a shuffle's order) is not reproducible from run to run; ``map(seed=...)`` keys record
 seeds on the record itself, so random transforms are.
 
 Memory: the dealer reads at most :data:`READ_AHEAD` blocks ahead of the requests; each client has
-at most two requested blocks in flight (in the socket); each worker's shuffle buffer holds its
-own share (a ``shuffle(n)`` costs ``n`` records in *each* worker).
+at most one block in flight; each worker's shuffle buffer holds its own share (a ``shuffle(n)`` costs ``n`` records in *each* worker).
 
 Stats: worker 0's ``stats()`` counts what the dealer read (``bytes``, ``records_read``, ...);
 every worker counts the records and batches it delivered. A ``map(backend="process")`` cannot
@@ -74,8 +75,6 @@ BLOCK_RECORDS = 64
 BLOCK_BYTES = 8 << 20
 #: Blocks the dealer frames ahead of the requests (bounds its memory to ~READ_AHEAD blocks).
 READ_AHEAD = 4
-#: Requests each client keeps outstanding: one block being used, one on its way.
-_REQUESTS_AHEAD = 2
 #: How long the dealer waits for every worker to connect, and a worker for the dealer: workers
 #: start one after another (spawned ones import torch), which can take tens of seconds.
 DEFAULT_CONNECT_TIMEOUT = 120.0
@@ -143,21 +142,29 @@ class _Dealer(threading.Thread):
             reader = RecordReader(ds._all_sources[ordinal], ds._format, **ds._reader_options)
             self.stats.reader_opened(reader.stats)
             try:
-                seen = 0
-                for records in reader.record_lists():
-                    self.stream_name = reader.source_name
-                    start = 0
-                    while start < len(records):
-                        stop = start
-                        size = 0
-                        while (stop < len(records) and stop - start < BLOCK_RECORDS
-                               and size < BLOCK_BYTES):
-                            size += len(records[stop])
-                            stop += 1
-                        yield (reader.source_name, (ordinal << _INDEX_BITS) + seen + start,
-                               records[start:stop])
-                        start = stop
-                    seen += len(records)
+                # Records gather across the reader's chunks (a 1 MiB read holds ~10 image
+                # records): a block of 64 costs one request where 7 small ones would cost 7
+                # round trips, each a wake-up of a thread on a busy machine.
+                first = 0  # index in this source of pending[0]
+                pending: list = []
+                size = 0
+                try:
+                    for records in reader.record_lists():
+                        self.stream_name = reader.source_name
+                        for record in records:
+                            pending.append(record)
+                            size += len(record)
+                            if len(pending) >= BLOCK_RECORDS or size >= BLOCK_BYTES:
+                                yield (reader.source_name, (ordinal << _INDEX_BITS) + first,
+                                       pending)
+                                first += len(pending)
+                                pending, size = [], 0
+                except Exception:
+                    if pending:  # the records before a fault are delivered first
+                        yield reader.source_name, (ordinal << _INDEX_BITS) + first, pending
+                    raise
+                if pending:
+                    yield reader.source_name, (ordinal << _INDEX_BITS) + first, pending
             finally:
                 reader.close()
                 self.stats.reader_closed(reader.stats)
@@ -371,8 +378,17 @@ class SharedStreamFeed:
         sock = None
         try:
             sock = _connect(self.address, self.connect_timeout)
-            sock.sendall(_HELLO.pack(self.worker, self.num_workers) + _WANT * _REQUESTS_AHEAD)
+            sock.sendall(_HELLO.pack(self.worker, self.num_workers))
             while True:
+                # Ask only when about to read: a block asked for ahead could be larger than the
+                # socket's buffer, and the dealer would block sending it to a worker that the
+                # DataLoader is not asking for items while it waits on another worker, which
+                # waits on the dealer (a deadlock this once had). The dealer's read-ahead keeps
+                # the answer quick.
+                try:
+                    sock.sendall(_WANT)
+                except OSError:
+                    pass  # the dealer is gone: the read below says so
                 block = self._receive(sock)
                 if block is None:
                     ended = True
@@ -381,10 +397,6 @@ class SharedStreamFeed:
                 run.names[first >> _INDEX_BITS] = name
                 ids = (np.arange(first, first + len(records), dtype=np.int64)
                        if run.track_ids else None)
-                try:
-                    sock.sendall(_WANT)  # keep the next block coming while this one is used
-                except OSError:
-                    pass  # the dealer is done (our END is already queued) or gone: see next read
                 yield records, ids
         finally:
             if sock is not None:
