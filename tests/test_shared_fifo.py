@@ -45,6 +45,10 @@ def test_every_record_exactly_once_per_epoch(epochs, key):
         assert len(ids) == N and sorted(ids) == list(range(N))
 
 
+def test_blocks_larger_than_a_socket_buffer_do_not_deadlock(tmp_path):
+    assert run_scenario(tmp_path, "big")["counts"] == [2000, 2000, 2000]
+
+
 def test_a_killed_worker_ends_the_epoch_with_an_error_not_a_hang(tmp_path):
     result = run_scenario(tmp_path, "kill")
     for victim in ("worker1", "worker0"):  # worker 0 is the one reading the FIFO

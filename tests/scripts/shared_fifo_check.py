@@ -167,6 +167,29 @@ def direct_kill(workdir, data, victim):
     return {"others": ends, "seconds": time.monotonic() - t0}
 
 
+def nap(batch):
+    time.sleep(0.02)
+    return np.array([len(r) for r in batch])
+
+
+def big_records(workdir):
+    """100 KB records: a block (64 of them) is far larger than a socket's buffer, so a dealer
+    that sent blocks nobody was reading yet would wait on a worker the DataLoader is not asking
+    (this hung about one run in four before workers asked only when about to read)."""
+    path = os.path.join(workdir, "big.tfrecord")
+    streamio.write_records(path, "tfrecord", (bytes([i % 256]) * 100_000 for i in range(2000)))
+    counts = []
+    for epoch in range(3):
+        fifo = os.path.join(workdir, f"big-{epoch}.fifo")
+        os.mkfifo(fifo)
+        writer = feed(fifo, path)
+        ds = Dataset(fifo, "tfrecord").batch(64).map(nap)
+        counts.append(sum(len(b) for b in DataLoader(ds.to_torch(), batch_size=None,
+                                                     num_workers=2)))
+        writer.wait(timeout=60)
+    return counts
+
+
 def corrupt(workdir, data):
     fifo = os.path.join(workdir, "corrupt.fifo")
     os.mkfifo(fifo)
@@ -206,6 +229,8 @@ def main():
                                                       "delivered": 0})
     elif scenario == "direct":
         result = {f"worker{v}": direct_kill(workdir, data, v) for v in (1, 0)}
+    elif scenario == "big":
+        result = {"counts": big_records(workdir)}
     elif scenario == "corrupt":
         result = corrupt(workdir, data)
     else:
