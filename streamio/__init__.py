@@ -11,9 +11,9 @@ from . import errors
 from .decoders import (Csv, Example, FieldSpec, FixedLen, Image, ImageRecord, RandomResizedCrop,
                        RecordIOProtobuf, SequenceExample, SparseBatch, VarLen, encode_example,
                        encode_image_record)
-from .errors import (CorruptRecordError, DecodeError, FormatError, MissingDependencyError,
-                     RecordTooLargeError, SourceError, StreamioError, TruncatedStreamError,
-                     UsageError, UsageTypeError)
+from .errors import (CorruptRecordError, DecodeError, FormatError, MapError,
+                     MissingDependencyError, RecordTooLargeError, SourceError, StreamioError,
+                     TruncatedStreamError, UsageError, UsageTypeError)
 from .pipeline import Dataset
 from .reader import RecordReader, read_records, write_recordio_protobuf, write_records
 from .sources import PipeChannel
@@ -32,6 +32,7 @@ __all__ = [
     "FormatError",
     "Image",
     "ImageRecord",
+    "MapError",
     "MissingDependencyError",
     "PipeChannel",
     "RandomResizedCrop",

@@ -10,6 +10,8 @@ Every exception streamio raises on purpose derives from :class:`StreamioError`::
      |    +-- DecodeError            a well-framed record does not decode (attribute: field)
      +-- SourceError            reading the bytes failed (I/O, HTTP status, timeouts); ``__cause__``
      |                          holds the original exception where there is one
+     +-- MapError               a ``map``/``filter`` function raised (attributes: source,
+     |                          record_index, item_index; ``__cause__`` is the original)
      +-- UsageError             a bad argument value, or the API used in a way that cannot work
      |                          (re-reading a consumed stream, for example); also a ``ValueError``
      +-- UsageTypeError         an argument of the wrong type, an unknown keyword, or an
@@ -44,6 +46,7 @@ __all__ = [
     "CorruptRecordError",
     "DecodeError",
     "FormatError",
+    "MapError",
     "MissingDependencyError",
     "RecordTooLargeError",
     "SourceError",
@@ -164,6 +167,41 @@ class SourceError(StreamioError):
     def __init__(self, message: str, *, source: Optional[str] = None) -> None:
         self.source = source
         super().__init__(f"{message} (source {source})" if source is not None else message)
+
+
+class MapError(StreamioError):
+    """A function given to ``Dataset.map()`` or ``filter()`` raised; ``__cause__`` is what it
+    raised (with its traceback; from a process, the child's traceback as text).
+
+    ``source``/``record_index`` name the record when the item was a record (before ``batch()``);
+    ``item_index`` is the item's position among the items that reached the stage this epoch (in
+    this reader: a DataLoader worker counts its own). Data errors a function raises
+    (:class:`FormatError`, e.g. a decoder's ``DecodeError``) are not wrapped: see
+    :mod:`streamio.pipeline.parallel`.
+    """
+
+    def __init__(self, message: str, *, source: Optional[str] = None,
+                 record_index: Optional[int] = None, item_index: Optional[int] = None) -> None:
+        self.reason = message
+        self.source = source
+        self.record_index = record_index
+        self.item_index = item_index
+        where = []
+        if source is not None:
+            where.append(f"source {source}")
+        if record_index is not None:
+            where.append(f"record {record_index}")
+        if item_index is not None:
+            where.append(f"item {item_index} of the stage")
+        super().__init__(f"{message} ({', '.join(where)})" if where else message)
+
+    def __reduce__(self):  # keep attributes across pickling (DataLoader workers)
+        return (_rebuild_map_error, (self.reason, self.source, self.record_index,
+                                     self.item_index))
+
+
+def _rebuild_map_error(reason, source, record_index, item_index):
+    return MapError(reason, source=source, record_index=record_index, item_index=item_index)
 
 
 class UsageError(StreamioError, ValueError):

@@ -137,12 +137,13 @@ def test_plans_split_sources_exactly_once(parts, world_size, num_workers):
     assert sorted(seen) == list(range(200))
 
 
-def test_plan_refuses_to_split_one_fifo(tmp_path):
+def test_plan_refuses_to_split_one_fifo_between_ranks(tmp_path):
+    # (Between the DataLoader workers of one rank it is shared: tests/test_shared_fifo.py.)
     path = str(tmp_path / "pipe")
     os.mkfifo(path)
     tds = Dataset(path, "tfrecord").to_torch()
     with pytest.raises(UsageError, match="num_workers=0"):
-        tds.plan(epoch=0, worker=1, num_workers=2)
+        tds.plan(epoch=0, rank=1, world_size=2)
     channel = streamio.PipeChannel(str(tmp_path / "train"))
     with pytest.raises(UsageError, match="single stream"):
         Dataset(channel, "tfrecord").to_torch().plan(epoch=0, rank=1, world_size=2)
@@ -210,10 +211,8 @@ def test_one_file_is_shared_round_robin_between_workers(loader_report):
     assert sorted(loader_report["round_robin"]) == loader_report["all_ids"]
 
 
-def test_one_fifo_with_two_workers_is_a_usage_error(loader_report):
-    error = loader_report["fifo_error"]
-    assert error is not None and error["type"] == "UsageError"
-    assert "num_workers=0" in error["message"]
+def test_one_fifo_is_shared_by_two_workers(loader_report):
+    assert sorted(loader_report["fifo_shared"]) == loader_report["all_ids"]
 
 
 @pytest.mark.parametrize("key", ["pipe_channel", "pipe_channel_persistent"])

@@ -113,6 +113,25 @@ def _spec_from_batch(batch: Any, batched: bool) -> Optional[dict]:
     return spec
 
 
+def _signature_of(value: Any, batched: bool) -> Any:
+    """The element spec of what a ``map()`` made, from its first item: dicts, tuples, arrays,
+    scalars and bytes (the leading dimension of a batch may vary)."""
+    if isinstance(value, dict):
+        return {name: _signature_of(v, batched) for name, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_signature_of(v, batched) for v in value)
+    if isinstance(value, SparseBatch):
+        return tf.SparseTensorSpec(shape=(None,) * batched + tuple(value.shape[1:]),
+                                   dtype=_tf_dtype(value.values.dtype))
+    if isinstance(value, list) and all(isinstance(v, (bytes, str)) for v in value):
+        return tf.TensorSpec(shape=(None,), dtype=tf.string)
+    array = np.asarray(value)
+    shape = tuple(array.shape)
+    if batched and shape:
+        shape = (None,) + shape[1:]
+    return tf.TensorSpec(shape=shape, dtype=_tf_dtype(array.dtype))
+
+
 def _to_tf_value(value: Any, field: Optional[FieldSpec]) -> Any:
     if isinstance(value, SparseBatch):
         # CSR -> COO: row of each value from indptr; CSR order is already row-major (canonical).
@@ -292,6 +311,14 @@ def to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = N
     if adopt is not None:
         adopt(source)
     spec = None
+    if getattr(dataset, "maps_items", False):
+        # A map() makes items of its own kind: learn the spec from the first one (peeked, so
+        # it is not lost and no extra epoch of a FIFO is read).
+        first = source.peek()
+        if isinstance(first, dict):
+            source.spec = _spec_from_batch(first, batched)
+        return tf.data.Dataset.from_generator(source,
+                                              output_signature=_signature_of(first, batched))
     if decoder is not None:
         spec = decoder.output_spec()
         if spec is None:

@@ -17,9 +17,12 @@ rank * num_workers + worker)``:
   and framing: give each reader its own file where you can. It is only possible for sources
   that can be read more than once at the same time (regular files, URLs, bytes);
 * a single stream (a FIFO, a :class:`~streamio.PipeChannel`, stdin, a file object) cannot be
-  read by two processes - they would steal each other's bytes - so sharing one among several
-  readers raises :class:`~streamio.errors.UsageError` (use ``num_workers=0``, or one FIFO per
-  reader, or several files).
+  read by two processes - they would steal each other's bytes. With one rank and
+  ``num_workers=k``, worker 0 reads it and deals blocks of records to all ``k`` workers (each
+  record to exactly one), which decode and transform in parallel: see
+  :mod:`streamio.adapters.shared_stream` (each worker shuffles its own share; a dead worker ends
+  the epoch with an error on every side). Several *ranks* sharing one stream is not supported
+  yet and raises :class:`~streamio.errors.UsageError` (one FIFO per rank, or several files).
 
 Epochs
 ------
@@ -54,6 +57,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import secrets
 import warnings
 import time
 from typing import Any, Iterable, Iterator, Literal, Optional, Union
@@ -64,7 +68,8 @@ from ..decoders.sparse import SparseBatch
 from ..errors import DecodeError, UsageError, UsageTypeError, require
 from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sources import PipeChannel
-from . import check_splittable
+from . import check_splittable, is_single_stream
+from .shared_stream import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed
 
 torch = require("torch", "torch")
 
@@ -271,7 +276,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, dataset: Any, *, pin_memory: bool = False, rank: Optional[int] = None,
-                 world_size: Optional[int] = None) -> None:
+                 world_size: Optional[int] = None,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
         super().__init__()
         for name in ("with_context", "shard", "sources"):
             if not hasattr(dataset, name):
@@ -287,11 +293,18 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.pin_memory = bool(pin_memory)
         self.rank = rank
         self.world_size = world_size
+        if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) \
+                or not connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be a positive number, not {connect_timeout!r}")
+        self.connect_timeout = float(connect_timeout)
         # PipeChannel epoch e reads <prefix>_<start + e>, whichever copy of the channel opens it.
         self._channel_starts = {i: s.epoch for i, s in enumerate(dataset.sources)
                                 if isinstance(s, PipeChannel)}
         self._epoch = _EpochCounter()
         self._worker_stats = _WorkerStats()
+        # Names the dealer socket of a shared stream: the same in every worker copy of this
+        # object, different from any other StreamDataset's.
+        self._share_token = secrets.token_hex(8)
         self._parent_group: Optional[tuple[int, int]] = None
         self._last: Any = None  # the Dataset of the latest epoch iterated in this process
         adopt = getattr(dataset, "_add_stats_provider", None)
@@ -340,7 +353,17 @@ class StreamDataset(torch.utils.data.IterableDataset):
         ds = self.dataset.with_context(epoch=epoch, rank=rank, world_size=world_size,
                                        worker=worker, num_workers=num_workers)
         sources = tuple(self.dataset.sources)
-        if readers > 1:
+        if world_size == 1 and num_workers > 1 and _must_share(sources, num_workers):
+            # One stream, k workers: worker 0 deals blocks of records to all of them.
+            if getattr(self.dataset.decoder, "header", False) is True:
+                raise UsageError("a CSV header cannot be read from one stream shared by several"
+                                 " DataLoader workers: give the decoder its column names"
+                                 " (header=False), or use num_workers=0")
+            feed = SharedStreamFeed(self.dataset, token=self._share_token, epoch=epoch,
+                                    worker=worker, num_workers=num_workers,
+                                    connect_timeout=self.connect_timeout)
+            ds = ds._with_feed(feed)
+        elif readers > 1:
             check_splittable(sources, readers,
                              f"{world_size} rank(s) x {num_workers} DataLoader worker(s)",
                              "use DataLoader(num_workers=0) on a single process")
@@ -397,15 +420,24 @@ class StreamDataset(torch.utils.data.IterableDataset):
         return f"StreamDataset({self.dataset!r}, next epoch {self.epoch})"
 
 
+def _must_share(sources: tuple, readers: int) -> bool:
+    """Whether ``readers`` readers can only split ``sources`` by sharing one reader of a stream
+    (fewer sources than readers, and one of them a FIFO, PipeChannel, stdin or file object)."""
+    return len(sources) < readers and any(is_single_stream(s) for s in sources)
+
+
 def to_torch(dataset: Any, *, pin_memory: bool = False, rank: Optional[int] = None,
-             world_size: Optional[int] = None) -> StreamDataset:
+             world_size: Optional[int] = None,
+             connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> StreamDataset:
     """``dataset`` as a ``torch.utils.data.IterableDataset`` of dicts of tensors.
 
     ``pin_memory``: pin the tensors (only when CUDA is available and only with ``num_workers=0``;
     with workers pass ``DataLoader(pin_memory=True)``). ``rank``/``world_size``: override what is
-    found from ``torch.distributed`` or the torchrun environment.
+    found from ``torch.distributed`` or the torchrun environment. ``connect_timeout``: with one
+    stream shared by DataLoader workers, how long workers wait for each other to connect.
     """
-    return StreamDataset(dataset, pin_memory=pin_memory, rank=rank, world_size=world_size)
+    return StreamDataset(dataset, pin_memory=pin_memory, rank=rank, world_size=world_size,
+                         connect_timeout=connect_timeout)
 
 
 # -- even batch counts under DDP ---------------------------------------------------------------

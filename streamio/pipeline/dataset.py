@@ -25,6 +25,7 @@ from ..errors import DecodeError, FormatError
 from ..errors import UsageError, UsageTypeError
 from ..reader import RecordReader, check_keywords, expand_sources
 from ..sources import check_source, source_name
+from . import parallel
 from .prefetch import Prefetcher
 from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes, new_seed
 from .stats import EpochStats, empty_snapshot
@@ -77,6 +78,20 @@ class _ShuffleBatches:
 @dataclass(frozen=True)
 class _Prefetch:
     n: Optional[int]  # None: the queue sizes itself
+
+
+@dataclass(frozen=True)
+class _Map:
+    fn: Any
+    num_parallel: Optional[int]
+    ordered: bool
+    backend: str
+    seed: Optional[int]
+
+
+@dataclass(frozen=True)
+class _Filter:
+    predicate: Any
 
 
 @dataclass(frozen=True)
@@ -171,7 +186,8 @@ class Dataset:
       starts.
 
     Methods (each returns a new Dataset; the receiver is unchanged): :meth:`shuffle`,
-    :meth:`batch`, :meth:`shuffle_batches`, :meth:`prefetch`, :meth:`shard`, :meth:`skip`,
+    :meth:`batch`, :meth:`shuffle_batches`, :meth:`map`, :meth:`filter`, :meth:`prefetch`,
+    :meth:`shard`, :meth:`skip`,
     :meth:`take`, :meth:`with_context`. :meth:`stats` describes the latest epoch.
 
     Seeds derive from ``(seed, epoch, rank, worker)``: the same seed gives the same orders,
@@ -203,6 +219,7 @@ class Dataset:
         self._round_robin: tuple = ()  # (num_shards, index) layers over each source's records
         self._stages: tuple = ()
         self._context = PipelineContext()
+        self._feed: Any = None  # reads the records instead of the sources (a shared stream)
         self._reset_runtime()
 
     def _reset_runtime(self) -> None:
@@ -258,6 +275,12 @@ class Dataset:
             if isinstance(stage, _Batch):
                 return stage.batch_size
         return None
+
+    @property
+    def maps_items(self) -> bool:
+        """Whether a :meth:`map` changes what the items are (adapters then learn their types
+        from the first item rather than from the decoder)."""
+        return any(isinstance(s, _Map) for s in self._stages)
 
     @property
     def context(self) -> PipelineContext:
@@ -360,6 +383,37 @@ class Dataset:
             n = _check_int("n", n, 1)
         return self._with_stage(_Prefetch(n))
 
+    def map(self, fn: Any, *, num_parallel: Optional[int] = None, ordered: bool = True,
+            backend: "parallel.MapBackend" = "thread", seed: Optional[int] = None) -> "Dataset":
+        """Apply ``fn`` to each item at this point of the chain: a record before :meth:`batch`,
+        a batch (a list of records, or the decoder's dict) after it.
+
+        ``num_parallel=None`` runs ``fn`` inline, in the thread that runs this stage. An int
+        runs it on that many threads (``backend="thread"``: for functions that release the GIL,
+        such as image decoders, zlib, numpy) or processes (``backend="process"``: forkserver
+        children, for Python-heavy functions; ``fn`` must pickle). At most ``2 * num_parallel``
+        tasks of up to 64 items and ~1 MiB each are in flight, and none starts while those in
+        flight hold 64 MiB of input. ``ordered=False`` hands results out as they finish.
+        ``seed``: ``fn`` is called as ``fn(item, rng)`` with a ``numpy.random.Generator``
+        derived from ``(seed, epoch, record)`` (or the batch's position), the same for
+        any ``num_parallel`` and backend. An exception in ``fn`` is a
+        :class:`~streamio.errors.MapError` naming the item, raised after the items before it
+        (a ``FormatError`` such as a decoder's ``DecodeError`` passes through as it is).
+        Details and invariants: :mod:`streamio.pipeline.parallel`.
+        """
+        parallel.check_map_args(fn, num_parallel, ordered, backend, seed)
+        num_parallel = None if num_parallel is None else int(num_parallel)
+        seed = None if seed is None else int(seed)
+        return self._with_stage(_Map(fn, num_parallel, ordered, backend, seed))
+
+    def filter(self, predicate: Any) -> "Dataset":
+        """Keep the items (records, or batches after :meth:`batch`) for which ``predicate(item)``
+        is true; it runs inline. An exception in it is a :class:`~streamio.errors.MapError`
+        naming the item."""
+        if not callable(predicate):
+            raise UsageTypeError(f"filter needs a callable, not {type(predicate).__name__}")
+        return self._with_stage(_Filter(predicate))
+
     def skip(self, n: int) -> "Dataset":
         """Drop the first ``n`` items (records, or batches after :meth:`batch`) of each epoch."""
         return self._with_stage(_Skip(_check_int("n", n, 0)))
@@ -415,6 +469,12 @@ class Dataset:
             raise UsageError(f"worker must be in [0, {num_workers}), not {worker}")
         context = PipelineContext(epoch, rank, world_size, worker, num_workers)
         return self._derive(_context=context)
+
+    def _with_feed(self, feed: Any) -> "Dataset":
+        """A copy whose epochs take their records from ``feed(run)`` (blocks ``(records,
+        ids)``) instead of opening the sources: how DataLoader workers share one stream (see
+        :mod:`streamio.adapters.shared_stream`)."""
+        return self._derive(_feed=feed)
 
     # -- adapters ---------------------------------------------------------------------------
     def to_torch(self, **kwargs: Any) -> Any:
@@ -476,16 +536,17 @@ class _EpochRun:
         if decoder is not None and callable(getattr(decoder, "fresh", None)):
             decoder = decoder.fresh()  # an un-primed decoder per epoch (a CSV header again)
         self.decoder = decoder
-        # Origins are tracked only where a decode error could need them.
-        self.track_ids = decoder is not None and ds._batched()
+        # Origins are tracked only where an error could need them: a decode error, or a map or
+        # filter over records (which also keys a map's seeds on the record).
+        record_stages = list(itertools.takewhile(lambda s: not isinstance(s, _Batch),
+                                                 ds._stages))
+        self.track_ids = ((decoder is not None and ds._batched())
+                          or any(isinstance(s, (_Map, _Filter)) for s in record_stages))
         self.names: dict[int, str] = {}
-        # Whether records reach batch() out of stream order (a record-level shuffle before it).
-        self.reordered = False
-        for stage in ds._stages:
-            if isinstance(stage, _Batch):
-                break
-            if isinstance(stage, _Shuffle):
-                self.reordered = True
+        # Whether records reach batch() out of stream order (a record-level shuffle before it,
+        # or a map that hands results out as they finish).
+        self.reordered = any(isinstance(s, _Shuffle) or (isinstance(s, _Map) and not s.ordered)
+                             for s in record_stages)
         self.header: Optional[bytes] = None
         self.header_source: Optional[str] = None
 
@@ -511,6 +572,15 @@ class _EpochRun:
                     blocks = self.decode_blocks(blocks, together)
             elif isinstance(stage, _Prefetch):
                 blocks = Prefetcher(blocks, stage.n, size_of=estimate_nbytes)
+            elif isinstance(stage, _Map):
+                blocks = parallel.map_blocks(
+                    blocks, stage.fn, num_parallel=stage.num_parallel, ordered=stage.ordered,
+                    backend=stage.backend, seed=stage.seed, place=self.place(position),
+                    track_records=self.track_ids and not batched)
+            elif isinstance(stage, _Filter):
+                blocks = parallel.filter_blocks(blocks, stage.predicate,
+                                                place=self.place(position),
+                                                track_records=self.track_ids and not batched)
             elif isinstance(stage, _Skip):
                 blocks = _skip(blocks, stage.n)
             elif isinstance(stage, _Take):
@@ -519,9 +589,17 @@ class _EpochRun:
                 raise TypeError(f"unknown stage {stage!r}")
         return blocks
 
+    def place(self, position: int) -> "parallel.MapPlace":
+        ctx = self.ds._context
+        return parallel.MapPlace(self.epoch, position, ctx.rank, ctx.worker, self.names,
+                                 _INDEX_BITS, self.stats)
+
     # -- the source end -------------------------------------------------------------------------
     def read_blocks(self) -> Iterator[tuple]:
         ds = self.ds
+        if ds._feed is not None:
+            yield from ds._feed(self)
+            return
         stats = self.stats
         layers = ds._round_robin
         takes_header = self.decoder is not None and _takes_header(self.decoder)
@@ -787,7 +865,15 @@ def _batch_rows(batch: Any) -> int:
             shape = getattr(value, "shape", None)
             return int(shape[0]) if shape else len(value)
         return 0
-    return len(batch)
+    if isinstance(batch, tuple) and batch and not isinstance(batch[0], (bytes, str)):
+        return _batch_rows(batch[0])  # a mapped batch such as (images, labels)
+    shape = getattr(batch, "shape", None)
+    if shape:
+        return int(shape[0])
+    try:
+        return len(batch)
+    except TypeError:
+        return 1
 
 
 class EpochIterator:

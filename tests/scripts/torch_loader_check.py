@@ -77,14 +77,20 @@ def round_robin_single_file(paths, workdir):
 
 
 def fifo_with_workers(paths, workdir):
+    """One FIFO, two workers: worker 0 reads it and deals records to both."""
     fifo = os.path.join(workdir, "one.fifo")
     os.mkfifo(fifo)
+    whole = os.path.join(workdir, "whole.tfrecord")
+    with open(whole, "wb") as f:
+        for p in paths:
+            f.write(open(p, "rb").read())
+    writer = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                            "fifo_writer.py"), fifo, whole])
     ds = Dataset(fifo, "tfrecord", decoder=DECODER).batch(16)
     try:
-        epoch_ids(DataLoader(ds.to_torch(), batch_size=None, num_workers=2))
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        return {"type": type(exc).__name__, "message": str(exc)}
-    return None
+        return epoch_ids(DataLoader(ds.to_torch(), batch_size=None, num_workers=2))
+    finally:
+        writer.wait(timeout=60)
 
 
 def pipe_channel(paths, workdir, persistent):
@@ -124,7 +130,7 @@ def main():
         "all_ids": list(range(sum(FILE_SIZES))),
         "workers": workers_scenarios(paths),
         "round_robin": round_robin_single_file(paths, workdir),
-        "fifo_error": fifo_with_workers(paths, workdir),
+        "fifo_shared": fifo_with_workers(paths, workdir),
         "pipe_channel": pipe_channel(paths, workdir, False),
         "pipe_channel_persistent": pipe_channel(paths, workdir, True),
         "stats": stats_from_workers(paths),

@@ -1,0 +1,677 @@
+"""The ``map`` and ``filter`` stages: a function over every item, inline, on threads or in
+processes.
+
+Invariants of a parallel ``map`` (``num_parallel=k``):
+
+- **Bounded**: at most ``2 * k`` tasks in flight, a task being up to :data:`TASK_ITEMS` items
+  and :data:`TASK_BYTES` bytes of one input block (so at most ``2 * k * TASK_ITEMS`` items),
+  and no new task starts while the tasks in flight hold :data:`MAX_INFLIGHT_BYTES` of input
+  (a single larger task still runs, alone). Results wait only in the tasks that made them.
+- **Order**: ``ordered=True`` hands results out in input order; ``ordered=False`` hands each
+  task's results out as soon as it finishes (every item still exactly once).
+- **Errors**: an exception in ``fn`` reaches the consumer after every result before it (in
+  order) was delivered: a :class:`~streamio.errors.MapError` naming the item (the record's
+  source and index before ``batch()``, the batch's position after it) whose ``__cause__`` is the
+  original exception with its traceback (from a process: the child's traceback text, as
+  ``concurrent.futures`` does). A :class:`~streamio.errors.FormatError` raised by ``fn`` (a
+  decoder's ``DecodeError``) is a data error that already names its record: it is re-raised
+  as it is, with a note saying where in the stream its item was.
+- **Cleanup**: the stage is a generator owned by the epoch; leaving the loop, ``close()`` or
+  dropping the iterator stops the workers (threads are joined after their running task;
+  processes are terminated) and unlinks every shared-memory segment.
+
+Processes: started with ``forkserver`` (``spawn`` where there is none), never ``fork``: by the
+time an epoch runs, the parent has threads (prefetch, torch's pools, TensorFlow's runtime), and
+a forked child can inherit a lock one of them held and deadlock. A forkserver child is a fork of
+a small single-threaded server, so starting ``k`` of them costs a fraction of a second per epoch,
+and they import neither torch nor TensorFlow unless ``fn`` needs them. ``fn`` must therefore be
+picklable (a module-level function, a ``functools.partial``, a decoder's bound method); this is
+checked when ``map()`` is called. Records go to a child through shared memory: each child has
+two slots (its two queued tasks), each a segment the parent creates once, reuses for task after
+task (grown when a task needs more) and unlinks when the stage closes; a task's records are
+written end to end and only their lengths travel through the pipe. Results come back pickled,
+one message per task.
+
+Seeds: with ``map(..., seed=s)`` the function is called as ``fn(item, rng)``; ``rng`` is a
+``numpy.random.Generator`` from :func:`item_rng`, derived from ``(s, epoch, record)`` for
+items that are records (the record's source position and index: the same record gets the same
+draws whatever the parallelism, the worker that reads it or the order it arrives in) and from
+``(s, epoch, rank, worker, position)`` for batches (the batch's position in this reader's
+epoch). Never from time or process ids.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import secrets
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any, Callable, Iterator, Literal, Optional
+
+import numpy as np
+
+from ..errors import FormatError, MapError, UsageError, UsageTypeError
+
+__all__ = ["MAX_INFLIGHT_BYTES", "MapBackend", "TASK_BYTES", "TASK_ITEMS", "filter_blocks",
+           "item_rng", "map_blocks"]
+
+MapBackend = Literal["thread", "process"]
+BACKENDS = ("thread", "process")
+#: Items per task: enough that a task's overhead (a queue hand-off, a pipe message, a segment)
+#: is small next to the work, few enough that the ``2 * k`` tasks in flight stay small.
+TASK_ITEMS = 64
+#: A task is closed once its items hold this many bytes (one 100 KB image record is ~10 a task).
+TASK_BYTES = 1 << 20
+#: No new task starts while those in flight hold this many bytes of input.
+MAX_INFLIGHT_BYTES = 64 << 20
+#: Shared-memory segments of map tasks: ``streamio-map-<pid>-<random>-<child>-<slot>-<n>``.
+SEGMENT_PREFIX = "streamio-map-"
+#: How long a closing pool waits for idle processes to exit before terminating them.
+_EXIT_GRACE_S = 1.0
+
+# The spawn key's second entry tells record keys from batch keys, so they never collide.
+_RECORD_KEY, _ITEM_KEY = 0, 1
+
+
+def item_rng(seed: int, *, epoch: int, record: Optional[int] = None, rank: int = 0,
+             worker: int = 0, position: int = 0) -> np.random.Generator:
+    """The generator ``map(fn, seed=seed)`` passes with one item.
+
+    ``record`` (the record's origin: source position << 40 | index in that source) when the
+    item is a record; otherwise ``(rank, worker, position)``, the item's place in one reader's
+    epoch. The stage's place in the chain is not part of the key (adding a ``prefetch()`` must
+    not change the draws): give two seeded maps two seeds. ``numpy.random.SeedSequence`` mixes
+    the spawn key into the entropy, so neighbouring keys give independent streams.
+    """
+    if record is not None:
+        key: tuple = (int(epoch), _RECORD_KEY, int(record))
+    else:
+        key = (int(epoch), _ITEM_KEY, int(rank), int(worker), int(position))
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=key)))
+
+
+@dataclass(frozen=True)
+class MapPlace:
+    """Where a map stage runs, for seeds and error messages."""
+
+    epoch: int
+    stage: int
+    rank: int
+    worker: int
+    names: dict  # source position -> source name (filled by the reader as sources open)
+    index_bits: int
+    stats: Any  # EpochStats: map time is added to decode_s
+
+
+@dataclass(frozen=True)
+class _Seeds:
+    seed: int
+    epoch: int
+    rank: int
+    worker: int
+
+    def rng(self, record: Optional[int], position: int) -> np.random.Generator:
+        return item_rng(self.seed, epoch=self.epoch, record=record,
+                        rank=self.rank, worker=self.worker, position=position)
+
+
+class _Task:
+    """Consecutive items of one input block. ``records``: their origins, or None (batches)."""
+
+    __slots__ = ("tid", "items", "records", "first", "nbytes")
+
+    def __init__(self, tid: int, items: list, records: Optional[np.ndarray], first: int,
+                 nbytes: int) -> None:
+        self.tid = tid
+        self.items = items
+        self.records = records
+        self.first = first  # position of items[0] in this stage's input this epoch
+        self.nbytes = nbytes
+
+
+def _item_nbytes(item: Any) -> int:
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return len(item)
+    if isinstance(item, (list, tuple)):
+        return sum(_item_nbytes(x) for x in item)
+    if isinstance(item, dict):
+        return sum(_item_nbytes(v) for v in item.values())
+    nbytes = getattr(item, "nbytes", None)
+    return nbytes if isinstance(nbytes, int) else 0
+
+
+def _tasks(blocks: Iterator[tuple]) -> Iterator[_Task]:
+    """Cut blocks ``(items, ids)`` into tasks of at most TASK_ITEMS items and ~TASK_BYTES."""
+    tid = 0
+    position = 0
+    for items, ids in blocks:
+        start = 0
+        n = len(items)
+        while start < n:
+            stop = start
+            size = 0
+            while stop < n and stop - start < TASK_ITEMS and size < TASK_BYTES:
+                size += _item_nbytes(items[stop])
+                stop += 1
+            records = None if ids is None else ids[start:stop]
+            yield _Task(tid, list(items[start:stop]), records, position + start, size)
+            tid += 1
+            start = stop
+        position += n
+
+
+# -- running fn over one task (in the consumer, a thread or a child process) ---------------------
+def _apply(fn: Callable, items: list, records: Optional[np.ndarray], first: int,
+           seeds: Optional[_Seeds]) -> tuple[list, Optional[tuple[int, BaseException]]]:
+    """``fn`` over ``items``: (results, None), or (results before the fault, (its position in
+    the task, the exception))."""
+    out = []
+    try:
+        if seeds is None:
+            for item in items:
+                out.append(fn(item))
+        else:
+            for i, item in enumerate(items):
+                record = None if records is None else int(records[i])
+                out.append(fn(item, seeds.rng(record, first + i)))
+    except Exception as exc:  # noqa: BLE001 - handed to the consumer, wrapped with the position
+        return out, (len(out), exc)
+    return out, None
+
+
+class _Outcome:
+    """A finished task: its results and, if ``fn`` failed, the failure."""
+
+    __slots__ = ("task", "results", "failure", "busy_s")
+
+    def __init__(self, task: _Task, results: list, failure: Optional[tuple[int, BaseException]],
+                 busy_s: float) -> None:
+        self.task = task
+        self.results = results
+        self.failure = failure
+        self.busy_s = busy_s
+
+
+class _Inline:
+    """``num_parallel=None``: each task runs in the consumer's thread when it is submitted."""
+
+    def __init__(self, fn: Callable, seeds: Optional[_Seeds]) -> None:
+        self.fn = fn
+        self.seeds = seeds
+        self.done: collections.deque = collections.deque()
+        self.max_tasks = 1
+
+    def submit(self, task: _Task) -> None:
+        t0 = time.perf_counter()
+        results, failure = _apply(self.fn, task.items, task.records, task.first, self.seeds)
+        self.done.append(_Outcome(task, results, failure, time.perf_counter() - t0))
+
+    def wait(self, ordered: bool) -> _Outcome:
+        return self.done.popleft()
+
+    def close(self) -> None:
+        self.done.clear()
+
+
+class _Threads:
+    """``backend="thread"``: a ``ThreadPoolExecutor`` of ``k`` threads (for functions that
+    release the GIL: image decoders, zlib, numpy)."""
+
+    def __init__(self, fn: Callable, k: int, seeds: Optional[_Seeds]) -> None:
+        self.fn = fn
+        self.seeds = seeds
+        self.max_tasks = 2 * k
+        self.pool = concurrent.futures.ThreadPoolExecutor(k, thread_name_prefix="streamio-map")
+        self.pending: dict = {}  # future -> task, in submission order
+
+    def _run(self, task: _Task) -> _Outcome:
+        t0 = time.perf_counter()
+        results, failure = _apply(self.fn, task.items, task.records, task.first, self.seeds)
+        return _Outcome(task, results, failure, time.perf_counter() - t0)
+
+    def submit(self, task: _Task) -> None:
+        self.pending[self.pool.submit(self._run, task)] = task
+
+    def wait(self, ordered: bool) -> _Outcome:
+        if ordered:
+            future = next(iter(self.pending))
+        else:
+            done, _ = concurrent.futures.wait(self.pending, return_when="FIRST_COMPLETED")
+            future = min(done, key=lambda f: self.pending[f].tid)
+        del self.pending[future]
+        return future.result()
+
+    def close(self) -> None:
+        # Queued tasks are dropped; running ones finish their items (a thread cannot be stopped)
+        # and the threads are joined before close() returns.
+        self.pending.clear()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+# -- processes -------------------------------------------------------------------------------------
+def _process_context() -> Any:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in a map process (its frames do not pickle)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text}"""'
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any unpicklable exception is described instead
+        return RuntimeError(f"{type(exc).__qualname__}: {exc}")
+
+
+# A task's payload in shared memory: items that are records (``bytes``) or raw batches (lists of
+# ``bytes``) are written end to end and described by ``shape`` (-1: one record; n >= 0: a list
+# of n records) and ``lengths``; any other items are pickled into the segment instead.
+def _pack(items: list) -> tuple[Optional[np.ndarray], np.ndarray, list]:
+    shape = np.empty(len(items), np.int64)
+    parts: list = []
+    for i, item in enumerate(items):
+        if isinstance(item, bytes):
+            shape[i] = -1
+            parts.append(item)
+        elif isinstance(item, list) and all(isinstance(r, bytes) for r in item):
+            shape[i] = len(item)
+            parts.extend(item)
+        else:
+            return None, np.array([], np.int64), [pickle.dumps(items, pickle.HIGHEST_PROTOCOL)]
+    return shape, np.fromiter(map(len, parts), np.int64, len(parts)), parts
+
+
+def _unpack(buf: memoryview, shape: Optional[np.ndarray], lengths: np.ndarray) -> list:
+    if shape is None:
+        return pickle.loads(buf)
+    ends = np.cumsum(lengths).tolist()
+    starts = [0] + ends[:-1]
+    records = [bytes(buf[s:e]) for s, e in zip(starts, ends)]
+    items: list = []
+    r = 0
+    for n in shape.tolist():
+        if n < 0:
+            items.append(records[r])
+            r += 1
+        else:
+            items.append(records[r:r + n])
+            r += n
+    return items
+
+
+def _child_main(conn: Any, fn_bytes: bytes, seeds: Optional[_Seeds]) -> None:
+    """A map process: tasks in, results out, until told to stop or the parent goes away."""
+    fn = pickle.loads(fn_bytes)
+    attached: dict = {}  # slot -> its segment, mapped once and kept while the parent reuses it
+    try:
+        _serve_tasks(conn, fn, seeds, attached)
+    finally:
+        for segment in attached.values():
+            segment.close()
+
+
+def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dict) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            return  # the parent is gone or stopping us
+        if message is None:
+            return
+        tid, slot, name, size, shape, lengths, records, first = message
+        t0 = time.perf_counter()
+        try:
+            # The parent owns (and unlinks) the segments; a slot's segment changes name only
+            # when the parent replaced it with a larger one. (Attaching registers the name with
+            # the resource tracker, which the child shares with its parent: a set, so the
+            # parent's unlink leaves it clean.)
+            segment = attached.get(slot)
+            if segment is None or segment.name != name:
+                if segment is not None:
+                    segment.close()
+                segment = attached[slot] = shared_memory.SharedMemory(name)
+            items = _unpack(segment.buf[:size], shape, lengths)
+            results, failure = _apply(fn, items, records, first, seeds)
+        except Exception as exc:  # noqa: BLE001 - reported like a failure of fn on item 0
+            results, failure = [], (0, exc)
+        busy = time.perf_counter() - t0
+        if failure is not None:
+            position, exc = failure
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            failure = (position, _portable(exc), text)
+        try:
+            conn.send((tid, results, failure, busy))
+        except Exception as exc:  # noqa: BLE001 - e.g. results that do not pickle
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            conn.send((tid, [], (0, _portable(exc), text), busy))
+
+
+class _Processes:
+    """``backend="process"``: ``k`` forkserver children, two tasks queued on each at most."""
+
+    def __init__(self, fn: Callable, k: int, seeds: Optional[_Seeds]) -> None:
+        if multiprocessing.current_process().daemon:
+            raise UsageError("map(backend='process') cannot start processes inside a daemonic"
+                             " process (a DataLoader worker is one): use backend='thread' there,"
+                             " or run the map in the main process (num_workers=0)")
+        self.max_tasks = 2 * k
+        # Named for the process that owns them, so a leftover is easy to attribute.
+        self.prefix = f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
+        ctx = _process_context()
+        fn_bytes = pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
+        self.conns: list = []
+        self.procs: list = []
+        self.queued: list = []  # per child: deque of task ids sent to it
+        # Two slots per child (its two queued tasks), each with a segment that is reused from
+        # task to task: creating and unlinking one per task costs more than copying 1 MiB.
+        self.segments: dict = {}  # (child, slot) -> SharedMemory
+        self.free: list = []  # per child: its free slots
+        self.generation = 0
+        self.tasks: dict = {}  # tid -> (task, child, slot)
+        self.finished: dict = {}  # tid -> _Outcome, waiting for its turn
+        try:
+            for _ in range(k):
+                parent, child = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=_child_main, args=(child, fn_bytes, seeds),
+                                   name="streamio-map", daemon=True)
+                proc.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(proc)
+                self.queued.append(collections.deque())
+                self.free.append(collections.deque([0, 1]))
+        except BaseException:
+            self.close()
+            raise
+
+    def submit(self, task: _Task) -> None:
+        child = min(range(len(self.procs)), key=lambda i: len(self.queued[i]))
+        slot = self.free[child].popleft()
+        shape, lengths, parts = _pack(task.items)
+        size = int(lengths.sum()) if shape is not None else len(parts[0])
+        segment = self.segments.get((child, slot))
+        if segment is None or segment.size < size:
+            if segment is not None:
+                _release(segment)
+            self.generation += 1
+            capacity = max(TASK_BYTES, 1 << max(0, size - 1).bit_length())
+            segment = shared_memory.SharedMemory(
+                f"{self.prefix}{child}-{slot}-{self.generation}", create=True, size=capacity)
+            self.segments[(child, slot)] = segment
+        self.tasks[task.tid] = (task, child, slot)
+        buf = segment.buf
+        pos = 0
+        for part in parts:
+            buf[pos:pos + len(part)] = part
+            pos += len(part)
+        del buf
+        # Only names, sizes and lengths go through the pipe: a few hundred bytes, so a send
+        # never waits on a child that is itself waiting to send its results.
+        try:
+            self.conns[child].send((task.tid, slot, segment.name, size, shape, lengths,
+                                    task.records, task.first))
+        except OSError:
+            self.procs[child].join(_EXIT_GRACE_S)
+            raise self._died(child) from None
+        self.queued[child].append(task.tid)
+
+    def _died(self, child: int) -> MapError:
+        proc = self.procs[child]
+        return MapError(f"a map process (pid {proc.pid}) died with exit code {proc.exitcode}"
+                        " while it held items: the epoch cannot continue")
+
+    def _receive(self) -> None:
+        """Wait for messages from the children (or for a child's death) and file them."""
+        sentinels = {p.sentinel: i for i, p in enumerate(self.procs)}
+        ready = multiprocessing.connection.wait(list(self.conns) + list(sentinels))
+        for item in ready:
+            if item in sentinels:
+                continue
+            child = self.conns.index(item)
+            try:
+                while item.poll():
+                    self._file(child, item.recv())
+            except (EOFError, OSError):
+                pass  # it died: reported below through its sentinel
+        for item in ready:
+            if item in sentinels:
+                i = sentinels[item]
+                if self.queued[i]:
+                    raise self._died(i)
+
+    def _file(self, child: int, message: tuple) -> None:
+        tid, results, failure, busy = message
+        self.queued[child].remove(tid)
+        task, _, slot = self.tasks.pop(tid)
+        self.free[child].append(slot)
+        if failure is not None:
+            position, exc, text = failure
+            exc.__cause__ = _RemoteTraceback(text)
+            failure = (position, exc)
+        self.finished[tid] = _Outcome(task, results, failure, busy)
+
+    def wait(self, ordered: bool) -> _Outcome:
+        while True:
+            if self.finished:
+                if ordered:
+                    first = min(self.tasks) if self.tasks else None
+                    head = min(self.finished)
+                    if first is None or head < first:
+                        return self.finished.pop(head)
+                else:
+                    return self.finished.pop(min(self.finished))
+            self._receive()
+
+    def close(self) -> None:
+        """Stop every child and unlink every segment (idempotent)."""
+        idle = not self.tasks
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + (_EXIT_GRACE_S if idle else 0.0)
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.exitcode is None:
+                proc.terminate()  # busy with items no one will take
+        for proc in self.procs:
+            proc.join()
+        for conn in self.conns:
+            conn.close()
+        self.conns, self.procs = [], []
+        for segment in self.segments.values():
+            _release(segment)
+        self.segments.clear()
+        self.tasks.clear()
+        self.finished.clear()
+
+
+def _release(segment: shared_memory.SharedMemory) -> None:
+    try:
+        segment.close()
+    finally:
+        try:
+            segment.unlink()
+        except FileNotFoundError:
+            pass
+
+
+# -- the stages ------------------------------------------------------------------------------------
+def _where(place: MapPlace, task: _Task, position: int) -> dict:
+    """Keyword arguments for MapError: the item's source/record (records) or position."""
+    index = task.first + position
+    if task.records is not None:
+        origin = int(task.records[position])
+        mask = (1 << place.index_bits) - 1
+        return dict(source=place.names.get(origin >> place.index_bits),
+                    record_index=origin & mask, item_index=index)
+    return dict(source=None, record_index=None, item_index=index)
+
+
+def _raise_failure(place: MapPlace, what: str, fn: Callable, task: _Task, position: int,
+                   exc: BaseException) -> None:
+    where = _where(place, task, position)
+    if isinstance(exc, FormatError):
+        # A data error (a decoder's DecodeError) already names its record within the item:
+        # keep its type, so `except DecodeError` works through map, and say where the item was.
+        item = ("record" if where["record_index"] is not None else "item")
+        at = where["record_index"] if where["record_index"] is not None else where["item_index"]
+        exc.add_note(f"raised by {what} {_name(fn)} on {item} {at}"
+                     + (f" of {where['source']}" if where["source"] else ""))
+        raise exc
+    raise MapError(f"{what} {_name(fn)} raised {type(exc).__name__}: {exc}", **where) from exc
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def map_blocks(blocks: Iterator[tuple], fn: Callable, *, num_parallel: Optional[int],
+               ordered: bool, backend: str, seed: Optional[int], place: MapPlace,
+               track_records: bool) -> Iterator[tuple]:
+    """The map stage over blocks ``(items, ids)``: yields ``(results, ids)``, one block per task.
+
+    ``track_records``: ``ids`` are the items' record origins (items are records), which name a
+    failing record and key its seed."""
+    seeds = (None if seed is None else
+             _Seeds(seed, place.epoch, place.rank, place.worker))
+    if not track_records:
+        blocks = ((items, None) for items, _ in blocks)  # batch-level ids are not records
+    tasks = _tasks(blocks)
+    pool: Any = None
+    try:
+        if num_parallel is None:
+            pool = _Inline(fn, seeds)
+        elif backend == "thread":
+            pool = _Threads(fn, num_parallel, seeds)
+        else:
+            pool = _Processes(fn, num_parallel, seeds)
+        yield from _drive(pool, tasks, ordered, place, fn)
+    finally:
+        try:
+            if pool is not None:
+                pool.close()
+        finally:
+            tasks.close()
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
+
+
+def _drive(pool: Any, tasks: Iterator[_Task], ordered: bool, place: MapPlace,
+           fn: Callable) -> Iterator[tuple]:
+    in_flight = 0
+    in_flight_bytes = 0
+    upstream_error: Optional[BaseException] = None
+    exhausted = False
+    stats = place.stats
+    while True:
+        # Keep the pool busy within the bounds; reading upstream happens here, in the consumer.
+        while (not exhausted and in_flight < pool.max_tasks
+               and (in_flight == 0 or in_flight_bytes < MAX_INFLIGHT_BYTES)):
+            try:
+                task = next(tasks)
+            except StopIteration:
+                exhausted = True
+                break
+            except Exception as exc:  # noqa: BLE001 - raised after the work before it
+                upstream_error = exc
+                exhausted = True
+                break
+            pool.submit(task)
+            in_flight += 1
+            in_flight_bytes += task.nbytes
+        if in_flight == 0:
+            if upstream_error is not None:
+                raise upstream_error
+            return
+        outcome = pool.wait(ordered)
+        in_flight -= 1
+        in_flight_bytes -= outcome.task.nbytes
+        stats.decode_s += outcome.busy_s
+        task = outcome.task
+        records = task.records
+        if outcome.results:
+            n = len(outcome.results)
+            yield outcome.results, (None if records is None else records[:n])
+        if outcome.failure is not None:
+            position, exc = outcome.failure
+            _raise_failure(place, "map function", fn, task, position, exc)
+
+
+def filter_blocks(blocks: Iterator[tuple], predicate: Callable, *, place: MapPlace,
+                  track_records: bool) -> Iterator[tuple]:
+    """Keep the items for which ``predicate`` is true (inline: a predicate is cheap)."""
+    position = 0
+    try:
+        for items, ids in blocks:
+            keep = []
+            for i, item in enumerate(items):
+                try:
+                    ok = predicate(item)
+                except Exception as exc:  # noqa: BLE001 - wrapped with the item's position
+                    if keep:
+                        yield ([items[j] for j in keep],
+                               None if ids is None else ids[np.asarray(keep, np.int64)])
+                    records = ids if track_records else None
+                    task = _Task(-1, items, records, position, 0)
+                    _raise_failure(place, "filter predicate", predicate, task, i, exc)
+                if ok:
+                    keep.append(i)
+            position += len(items)
+            if len(keep) == len(items):
+                yield items, ids
+            elif keep:
+                yield ([items[j] for j in keep],
+                       None if ids is None else ids[np.asarray(keep, np.int64)])
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def check_map_args(fn: Any, num_parallel: Any, ordered: Any, backend: Any,
+                   seed: Any) -> None:
+    """Raise TypeError/ValueError for arguments ``map()`` cannot use, at construction."""
+    if not callable(fn):
+        raise UsageTypeError(f"map needs a callable, not {type(fn).__name__}")
+    if num_parallel is not None:
+        if isinstance(num_parallel, bool) or not isinstance(num_parallel, (int, np.integer)):
+            raise UsageTypeError(f"num_parallel must be an int or None, not"
+                            f" {type(num_parallel).__name__}")
+        if num_parallel < 1:
+            raise UsageError(f"num_parallel must be >= 1, not {num_parallel}")
+    if not isinstance(ordered, bool):
+        raise UsageTypeError(f"ordered must be a bool, not {type(ordered).__name__}")
+    if backend not in BACKENDS:
+        raise UsageError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                             or seed < 0):
+        raise UsageError(f"seed must be a non-negative int or None, not {seed!r}")
+    if backend == "process" and num_parallel is not None:
+        try:
+            pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
+            raise UsageTypeError(f"map(backend='process') needs a picklable function (a module-level"
+                            f" function, a functools.partial, a decoder's method), and"
+                            f" {_name(fn)} is not: {exc}") from exc
+
