@@ -67,7 +67,9 @@ def test_run_demo_numpy_trains_without_any_framework(tmp_path):
     assert result["framework"] == "numpy"
     assert [e["records"] for e in epochs] == [2048, 2048]
     assert epochs[1]["loss"] < epochs[0]["loss"] < 0.6931  # it learns: below chance's log(2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.tfrecord"]
+    # the emulated /opt/ml keeps only its config: the FIFOs are gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["opt_ml", "train.tfrecord"]
+    assert os.listdir(tmp_path / "opt_ml" / "input" / "data") == []
 
 
 def test_cli_demo_runs_where_torch_is_not_installed():

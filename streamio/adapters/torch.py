@@ -295,7 +295,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.world_size = world_size
         if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) \
                 or not connect_timeout > 0:
-            raise ValueError(f"connect_timeout must be a positive number, not {connect_timeout!r}")
+            raise UsageError(f"connect_timeout must be a positive number, not {connect_timeout!r}")
         self.connect_timeout = float(connect_timeout)
         # PipeChannel epoch e reads <prefix>_<start + e>, whichever copy of the channel opens it.
         self._channel_starts = {i: s.epoch for i, s in enumerate(dataset.sources)
