@@ -26,6 +26,7 @@ from ..errors import UsageError, UsageTypeError
 from ..reader import RecordReader, check_keywords, expand_sources
 from ..sources import check_source, source_name
 from .prefetch import Prefetcher
+from .ranges import plan_range
 from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes, new_seed
 from .stats import EpochStats, empty_snapshot
 
@@ -465,6 +466,19 @@ class Dataset:
         return EpochIterator(run.build(), stats, batched=self._batched())
 
 
+def _first_record(source: Any, ds: "Dataset") -> bytes:
+    """The first record of ``source`` (a CSV header, for a reader whose byte range starts past
+    it); read apart from the epoch's counters, in small reads."""
+    options = {**ds._reader_options, "read_size": 64 * 1024}
+    reader = RecordReader(source, ds._format, **options)
+    with reader:
+        for records in reader.record_lists():
+            if records:
+                return records[0]
+    raise DecodeError("the source holds no header row", source=source_name(source),
+                      record_index=0)
+
+
 class _EpochRun:
     """The state of one epoch while its generator chain is built and run."""
 
@@ -526,22 +540,36 @@ class _EpochRun:
         layers = ds._round_robin
         takes_header = self.decoder is not None and _takes_header(self.decoder)
         for ordinal in ds._selection:
-            reader = RecordReader(ds._all_sources[ordinal], ds._format, **ds._reader_options)
+            source = ds._all_sources[ordinal]
+            # Fewer sources than readers: a byte range of the source where it allows one, else
+            # every record of it, dealt round-robin below.
+            plan = plan_range(source, ds._format, ds._reader_options, layers) if layers else None
+            shares = () if plan is not None else layers
+            if plan is not None:
+                start, end = plan.byte_range
+                if end is not None and start >= end:
+                    continue  # no record starts in this reader's range
+                reader = RecordReader(source, ds._format, byte_range=plan.byte_range,
+                                      **ds._reader_options)
+                if takes_header and start > 0:
+                    self.use_header(_first_record(source, ds), source_name(source))
+            else:
+                reader = RecordReader(source, ds._format, **ds._reader_options)
             stats.reader_opened(reader.stats)
             try:
                 seen = 0  # records of this source so far
-                counters = [0] * len(layers)
+                counters = [0] * len(shares)
                 base = ordinal << _INDEX_BITS
                 for records in reader.record_lists():
                     self.names[ordinal] = reader.source_name
-                    if takes_header and seen == 0:
+                    if takes_header and seen == 0 and (plan is None or plan.byte_range[0] == 0):
                         self.use_header(records[0], reader.source_name)
                         records = records[1:]
                         seen = 1
                     ids = (np.arange(base + seen, base + seen + len(records), dtype=np.int64)
                            if self.track_ids else None)
                     seen += len(records)
-                    for layer, (num_shards, index) in enumerate(layers):
+                    for layer, (num_shards, index) in enumerate(shares):
                         # Shard (source position + record position) % num_shards: every record
                         # of the layer's input goes to exactly one shard, and short sources
                         # do not all favour shard 0.
