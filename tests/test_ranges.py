@@ -247,7 +247,7 @@ def test_mxnet_idx_and_dali_index_are_read(tmp_path):
     (tmp_path / "x.index").write_text("0 26\n26 46\n")
     assert read_index(str(tmp_path / "x.index")) == [0, 26]
     (tmp_path / "bad.index").write_text("0 26\nnope\n")
-    with pytest.raises(ValueError):
+    with pytest.raises(streamio.errors.FormatError, match="line 2"):
         read_index(str(tmp_path / "bad.index"))
 
 

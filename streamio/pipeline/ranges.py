@@ -21,7 +21,7 @@ import warnings
 from typing import Any, Optional
 
 from ..codecs import infer_compression, make_codec
-from ..errors import StreamioError, StreamioWarning
+from ..errors import FormatError, StreamioError, StreamioWarning
 from ..sources import source_name
 from ..sources.ranged import probe, range_capable, split_range
 
@@ -76,7 +76,7 @@ def find_index(path: str) -> Optional[str]:
 def read_index(path: str) -> list:
     """The sorted record start offsets an index file lists. Lines are ``offset length`` (DALI,
     the ``tfrecord`` package) or ``key<TAB>offset`` (MXNet ``.idx``); blank lines are ignored.
-    Raises ValueError on a line that is neither."""
+    Raises :class:`FormatError` on a line that is neither."""
     offsets = []
     with open(path, "r", encoding="ascii") as f:
         for number, line in enumerate(f, 1):
@@ -89,8 +89,8 @@ def read_index(path: str) -> list:
                 fields = line.split()
                 value = fields[0] if len(fields) == 2 else ""
             if not value.strip().isdigit():
-                raise ValueError(f"{path}, line {number}: not 'offset length' nor"
-                                 f" 'key<TAB>offset': {line.strip()[:60]!r}")
+                raise FormatError(f"index line {number} is not 'offset length' nor"
+                                  f" 'key<TAB>offset': {line.strip()[:60]!r}", source=path)
             offsets.append(int(value))
     offsets.sort()
     return offsets
@@ -140,7 +140,7 @@ def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Option
     if index is not None:
         try:
             starts = read_index(index)
-        except (OSError, ValueError) as exc:
+        except (OSError, UnicodeError, FormatError) as exc:
             _fallback_index(index, exc)
         else:
             # Cut at the first record start at or after each offset: exact, no resync.
