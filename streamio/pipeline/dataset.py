@@ -266,7 +266,8 @@ class Dataset:
 
     @property
     def round_robin(self) -> bool:
-        """Whether a :meth:`shard` splits records of a stream (each shard reads all of it)."""
+        """Whether a :meth:`shard` splits the records of a source rather than whole sources (by
+        byte range where the source allows it, else round-robin: each shard reads all of it)."""
         return bool(self._round_robin)
 
     def __repr__(self) -> str:
@@ -375,11 +376,16 @@ class Dataset:
         exactly once, and no two share one.
 
         With at least ``num_shards`` sources, whole sources are split: source ``i`` goes to shard
-        ``i % num_shards`` and each shard reads only its own. With fewer (one FIFO, one file),
-        records go round-robin: **every shard reads and frames the whole stream** and keeps every
-        ``num_shards``-th record, so the I/O and framing cost is paid ``num_shards`` times (a
-        FIFO can have only one reader: round-robin over one pipe needs ``num_shards`` separate
-        pipes or a single reader).
+        ``i % num_shards`` and each shard reads only its own. With fewer, each source that allows
+        it (a regular file or an http(s) URL, uncompressed, in TFRecord, RecordIO or lines; CSV
+        with ``csv_quoted_newlines=False``) is **split by byte range**: shard ``i`` reads about
+        the ``i``-th ``1/num_shards`` of its bytes and delivers the records that start there
+        (cut at record starts by an index file beside it, if there is one; see
+        :mod:`streamio.pipeline.ranges`). Any other source (a FIFO, stdin, a PipeChannel, a
+        compressed file, CSV that may hold quoted line breaks) is dealt round-robin, with a
+        warning saying so once: **every shard reads and frames the whole stream** and keeps
+        every ``num_shards``-th record (a FIFO can have only one reader: round-robin over one
+        pipe needs ``num_shards`` separate pipes or a single reader).
 
         Sharding applies to the records as they are read, wherever it appears in the chain (as
         tf.data's auto-sharding does): shuffling, batching and prefetching then work on the

@@ -49,8 +49,9 @@ def _fallback(source: Any, reason: str) -> None:
     key = (source_name(source), reason)
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(f"{source_name(source)}: {reason}, so its records are dealt round-robin:"
-                      " every reader reads all of its bytes", StreamioWarning, stacklevel=4)
+        warnings.warn(f"{source_name(source)} is not split by byte range ({reason}): its records"
+                      " are dealt round-robin and every reader reads all of its bytes",
+                      StreamioWarning, stacklevel=4)
 
 
 def _local(source: Any) -> Optional[str]:
