@@ -147,7 +147,7 @@ class RecordReader:
 
     ``byte_range=(start, end)``: read only the records that *start* in bytes ``[start, end)`` of
     the source (``end`` None: to its end). The reader opens the source at ``start`` (a regular
-    file or an http(s) URL; uncompressed), finds the first record start there (TFRecord: a
+    file, an http(s) URL or an s3:// object; uncompressed), finds the first record start there (TFRecord: a
     header whose length and data CRCs check out; RecordIO: an aligned magic number; lines and
     CSV: the next line feed), and reads past ``end`` only to finish its last record. Readers
     given ranges that tile a source deliver each of its records exactly once.
@@ -353,9 +353,9 @@ def _check_byte_range(byte_range: Any, source: Any, compression: Any) -> Optiona
     if start < 0 or (end is not None and end < start):
         raise UsageError(f"byte_range must have 0 <= start <= end, not {byte_range!r}")
     if not range_capable(source):
-        raise UsageError(f"{source_name(source)} cannot be read by byte range: only regular files"
-                         " and http(s) URLs can (FIFOs, stdin, file objects and smart_open URLs"
-                         " are read front to back)")
+        raise UsageError(f"{source_name(source)} cannot be read by byte range: only regular files,"
+                         " http(s) URLs and s3:// objects can (FIFOs, stdin, file objects and"
+                         " other URLs are read front to back)")
     kind = infer_compression(source_name(source)) if compression == "infer" else compression
     if kind:
         raise UsageError(f"{source_name(source)} is {kind}-compressed: a compressed stream cannot"

@@ -368,3 +368,37 @@ def test_recordio_concat_payload_holding_a_frame_header(tmp_path):
     first = list(RecordReader(str(path), "recordio", multipart="concat", byte_range=(0, at)))
     second = list(RecordReader(str(path), "recordio", multipart="concat", byte_range=(at, None)))
     assert first == records[:2] and second == records[2:]
+
+
+# -- S3 through smart_open (a real S3-protocol server on 127.0.0.1: moto's server mode) --------
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def test_s3_object_split_by_range(s3_endpoint, monkeypatch):
+    boto3 = pytest.importorskip("boto3")
+    pytest.importorskip("smart_open")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="ranges")
+    rng = random.Random(5)
+    records = [rng.randbytes(rng.randint(100, 3000)) for _ in range(600)]
+    data = b"".join(streamio.formats.encode_tfrecord(r) for r in records)
+    client.put_object(Bucket="ranges", Key="big.tfrecord", Body=data)
+    outs = []
+    for i in range(3):
+        ds = Dataset("s3://ranges/big.tfrecord", "tfrecord").shard(3, i)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", StreamioWarning)
+            outs.append(list(ds))
+        assert ds.stats()["bytes"] <= len(data) / 3 + 3016 + PAST_END_READ_SIZE + 1
+    assert [r for out in outs for r in out] == records

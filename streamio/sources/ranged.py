@@ -5,8 +5,9 @@ http(s) URL can also be read from a byte offset; byte-range splits use that (sev
 one big file, each reading about 1/N of it), and so can exact resume. Files are read with
 ``os.pread`` from the offset (``os.stat`` gives the size); HTTP sends ``Range: bytes=<offset>-``
 and pins the object by its ETag like any resume (``Content-Length`` / ``Content-Range`` give the
-size). Other sources (FIFOs, stdin, PipeChannels, file objects, ``s3://`` and other smart_open
-URLs) are read front to back only.
+size). ``s3://`` objects go through smart_open, whose reader turns one ``seek`` into a ranged
+GET. Other sources (FIFOs, stdin, PipeChannels, file objects, other smart_open URLs) are read
+front to back only.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import os
 import stat
 from typing import Any, Optional
 
-from ..errors import SourceError, UsageError
+from ..errors import SourceError, UsageError, require
 from .base import ByteSource
 from .http import HttpSource
+from .local import StreamSource
 
 #: Bytes of the head looked at to tell whether a source without a telling suffix is compressed.
 SNIFF_BYTES = 64 * 1024
@@ -41,6 +43,24 @@ def _local_path(source: Any) -> Optional[str]:
 
 def _is_http(source: Any) -> bool:
     return isinstance(source, str) and _scheme(source) in ("http", "https")
+
+
+def _is_s3(source: Any) -> bool:
+    return isinstance(source, str) and _scheme(source) == "s3"
+
+
+def _open_s3(uri: str, start: int) -> tuple:
+    """``(StreamSource, size)`` of an S3 object read from byte ``start`` (smart_open)."""
+    smart_open = require("smart_open", "s3")
+    try:
+        fileobj = smart_open.open(uri, "rb", compression="disable")
+        # The one positioning of an object-store reader: smart_open answers the size from the
+        # object's metadata and makes the next read a ranged GET from ``start``.
+        size = fileobj.seek(0, os.SEEK_END)
+        fileobj.seek(start)
+    except Exception as exc:  # smart_open raises many transport-specific types
+        raise SourceError(f"cannot open at byte {start}: {exc}", source=uri) from exc
+    return StreamSource(fileobj, name=uri, owned=True), size
 
 
 class FileRangeSource(ByteSource):
@@ -75,7 +95,7 @@ class FileRangeSource(ByteSource):
 def range_capable(source: Any) -> bool:
     """Whether ``source`` could be read from a byte offset (a regular file or an http(s) URL),
     judged without opening it."""
-    if _is_http(source):
+    if _is_http(source) or _is_s3(source):
         return True
     path = _local_path(source)
     if path is None:
@@ -102,6 +122,8 @@ def probe(source: Any, *, open_timeout: Optional[float] = None,
     elif _is_http(source):
         src = HttpSource(source, open_timeout=open_timeout, read_timeout=read_timeout)
         size = src.total
+    elif _is_s3(source):
+        src, size = _open_s3(source, 0)
     else:
         raise UsageError(f"{source!r} cannot be read by byte range")
     try:
@@ -121,12 +143,15 @@ def probe(source: Any, *, open_timeout: Optional[float] = None,
 
 def open_at(source: Any, start: int, *, open_timeout: Optional[float] = None,
             read_timeout: Optional[float] = None) -> ByteSource:
-    """Open a regular file or an http(s) URL so that its first byte read is byte ``start``."""
+    """Open a regular file, an http(s) URL or an s3:// object so that its first byte read is
+    byte ``start``."""
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise UsageError(f"a byte offset must be an int >= 0, not {start!r}")
     if _is_http(source):
         return HttpSource(source, open_timeout=open_timeout, read_timeout=read_timeout,
                           start=start)
+    if _is_s3(source):
+        return _open_s3(source, start)[0]
     path = _local_path(source)
     if path is None:
         raise UsageError(f"{source!r} cannot be read from a byte offset: only regular files and"
