@@ -402,3 +402,21 @@ def test_s3_object_split_by_range(s3_endpoint, monkeypatch):
             outs.append(list(ds))
         assert ds.stats()["bytes"] <= len(data) / 3 + 3016 + PAST_END_READ_SIZE + 1
     assert [r for out in outs for r in out] == records
+
+
+def test_http_range_reader_resumes_a_dropped_connection():
+    rng = random.Random(9)
+    records = [rng.randbytes(rng.randint(100, 2000)) for _ in range(300)]
+    frames = [streamio.formats.encode_tfrecord(r) for r in records]
+    data = b"".join(frames)
+    start, end = len(data) // 3, 2 * len(data) // 3
+    offsets = [sum(len(f) for f in frames[:k]) for k in range(len(frames))]
+    expected = [r for r, at in zip(records, offsets) if start <= at < end]
+    with HostileHTTPServer() as server:
+        url = server.add("/drop.tfrecord", data, drop_after=[7000, 5000])
+        got = list(RecordReader(url, "tfrecord", byte_range=(start, end)))
+        asked = [h.get("Range") for _, h in server.requests]
+    assert got == expected
+    # The first request asked for the range's start; each resume went on where the last broke.
+    assert asked[0] == f"bytes={start}-"
+    assert len(asked) == 3 and all(r and int(r[6:-1]) > start for r in asked[1:])

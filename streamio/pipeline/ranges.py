@@ -3,7 +3,8 @@
 With fewer sources than readers, a shard reads a byte range of each source instead of every
 record of it: a record belongs to the reader whose range holds its first byte (see
 :class:`~streamio.RecordReader`'s ``byte_range``). That needs a source that can be read from an
-offset (a regular file, an http(s) URL: :mod:`streamio.sources.ranged`), not compressed, in a
+offset (a regular file, an http(s) URL, an s3:// object: :mod:`streamio.sources.ranged`), not
+compressed, in a
 format whose record starts can be found from anywhere (TFRecord, RecordIO, lines; CSV only when
 the user says rows hold no quoted line breaks: ``csv_quoted_newlines=False``). Anything else is
 dealt round-robin, as before, with a warning saying so once per source.
@@ -114,6 +115,9 @@ def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Option
     give this reader, or None to deal the records round-robin (warned once per source)."""
     why = _splittable_format(format, options)
     if why is None and not range_capable(source):
+        text = source if isinstance(source, str) else ""
+        if "://" in text and not text.startswith("file://"):
+            _fallback(source, "only http(s) and s3:// URLs can be read from a byte offset")
         return None  # a FIFO, stdin, a PipeChannel...: one stream, round-robin as always
     compression = options.get("compression", "infer")
     name = source_name(source)
