@@ -128,7 +128,9 @@ def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Option
         _fallback(source, why)
         return None
     try:
-        size, head = probe(source, open_timeout=options.get("open_timeout"),
+        # The head is needed only to sniff a name that does not tell the compression.
+        size, head = probe(source, head=compression == "infer",
+                           open_timeout=options.get("open_timeout"),
                            read_timeout=options.get("read_timeout"))
     except StreamioError as exc:
         _fallback(source, f"it could not be probed ({exc})")

@@ -106,11 +106,12 @@ def range_capable(source: Any) -> bool:
         return False
 
 
-def probe(source: Any, *, open_timeout: Optional[float] = None,
+def probe(source: Any, *, head: bool = True, open_timeout: Optional[float] = None,
           read_timeout: Optional[float] = None) -> tuple[Optional[int], bytes]:
     """``(size, head)`` of a range-capable source: its size in bytes (None if the server does
-    not say) and its first bytes (up to :data:`SNIFF_BYTES`, to tell whether it is compressed).
-    One ``os.stat`` and ``os.pread`` for a file, one request for HTTP."""
+    not say) and, if ``head``, its first bytes (up to :data:`SNIFF_BYTES`, to tell whether it is
+    compressed; else ``b""``). One ``os.fstat`` (and ``os.pread``) for a file, one request for
+    HTTP or S3."""
     path = _local_path(source)
     if path is not None:
         src: ByteSource = FileRangeSource(path)
@@ -127,6 +128,8 @@ def probe(source: Any, *, open_timeout: Optional[float] = None,
     else:
         raise UsageError(f"{source!r} cannot be read by byte range")
     try:
+        if not head:
+            return size, b""
         buf = bytearray(SNIFF_BYTES)
         view = memoryview(buf)
         got = 0
