@@ -147,10 +147,10 @@ class RecordReader:
 
     ``byte_range=(start, end)``: read only the records that *start* in bytes ``[start, end)`` of
     the source (``end`` None: to its end). The reader opens the source at ``start`` (a regular
-    file, an http(s) URL or an s3:// object; uncompressed), finds the first record start there (TFRecord: a
-    header whose length and data CRCs check out; RecordIO: an aligned magic number; lines and
-    CSV: the next line feed), and reads past ``end`` only to finish its last record. Readers
-    given ranges that tile a source deliver each of its records exactly once.
+    file, an http(s) URL or an s3:// object; uncompressed), finds the first record start there
+    (TFRecord: a header whose length and data CRCs check out; RecordIO: an aligned magic number;
+    lines and CSV: the next line feed), and reads past ``end`` only to finish its last record.
+    Readers given ranges that tile a source deliver each of its records exactly once.
     """
 
     def __init__(self, source: Any, format: str, *, compression: Optional[str] = "infer",
@@ -482,5 +482,6 @@ def write_recordio_protobuf(dest: Any, features: Any, labels: Any = None, *,
                   compression=compression, multipart="concat")
 
 
-__all__ = ["DEFAULT_READ_SIZE", "PAST_END_READ_SIZE", "READER_OPTIONS", "ReaderStats", "RecordReader", "check_keywords",
+__all__ = ["DEFAULT_READ_SIZE", "PAST_END_READ_SIZE", "READER_OPTIONS", "ReaderStats",
+           "RecordReader", "check_keywords",
            "expand_sources", "read_records", "write_recordio_protobuf", "write_records"]

@@ -75,7 +75,8 @@ def _read_split(path, fmt, n, **options):
 
 # -- the reader: every record once, in order, about 1/N of the bytes each ---------------------
 @pytest.mark.parametrize("fmt,extra", FORMATS, ids=IDS)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 8), count=st.integers(0, 60),
        read_size=st.sampled_from([7, 64, 1000, 1 << 20]))
 def test_ranges_tile_the_records(tmp_path, fmt, extra, seed, n, count, read_size):

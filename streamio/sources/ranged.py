@@ -169,7 +169,8 @@ def split_range(size: int, parts: tuple) -> tuple[int, int]:
     start, end = 0, size
     for num_shards, index in parts:
         length = end - start
-        start, end = start + length * index // num_shards, start + length * (index + 1) // num_shards
+        start, end = (start + length * index // num_shards,
+                      start + length * (index + 1) // num_shards)
     return start, end
 
 
