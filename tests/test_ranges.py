@@ -452,3 +452,20 @@ def test_damage_anywhere_ranges_deliver_what_one_reader_delivers(tmp_path, fmt, 
     whole += framer.finish()
     outs, _, _ = _read_split(path, fmt, n, on_error="skip")
     assert [r for out in outs for r in out] == whole
+
+
+def test_index_command_refuses_damage_and_unknown_names(tmp_path):
+    path = tmp_path / "d.tfrecord"
+    write_records(str(path), "tfrecord", [b"a" * 100, b"b" * 100, b"c" * 100])
+    data = bytearray(path.read_bytes())
+    data[116 + 9] ^= 0x40  # the second frame's length CRC
+    path.write_bytes(bytes(data))
+    run = subprocess.run([sys.executable, "-m", "streamio", "index", str(path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and "byte offset 116" in run.stderr
+    assert not os.path.exists(str(path) + ".index")  # no half index left behind
+    other = tmp_path / "data.bin"
+    other.write_bytes(b"")
+    run = subprocess.run([sys.executable, "-m", "streamio", "index", str(other)],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and "--format" in run.stderr
