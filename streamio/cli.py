@@ -1,4 +1,5 @@
-"""The streamio command: count, head, serve-pipe, sagemaker-local, pack, diagnose, demo, bench.
+"""The streamio command: count, head, serve-pipe, sagemaker-local, pack, diagnose, index, demo,
+bench.
 
 ``python -m streamio`` is the same command. Errors from streamio print one line and exit 1;
 warnings (``--on-error warn``) print one line each, without a file name. Subcommands are built in
@@ -297,10 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sagemaker_local(sub)
     from .tools.diagnose import add_cli as add_diagnose
+    from .tools.index import add_cli as add_index
     from .tools.pack import add_cli as add_pack
 
     add_pack(sub)
     add_diagnose(sub)
+    add_index(sub)
     return parser
 
 

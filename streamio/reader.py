@@ -28,9 +28,13 @@ from .formats._base import check_common
 from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
                       source_name)
 from .sources.base import check_timeout
+from .sources.ranged import open_at, range_capable
 
 #: 1 MiB reads: large enough that per-read overhead vanishes, and a pipe buffer's worth.
 DEFAULT_READ_SIZE = 1024 * 1024
+#: Past the end of its byte range a reader needs only the rest of its last record and the next
+#: record's header: it reads in pieces this small, so it takes little of the next range's bytes.
+PAST_END_READ_SIZE = 64 * 1024
 READER_OPTIONS = frozenset({"compression", "verify", "on_error", "multipart", "max_record_size",
                             "read_size", "open_timeout", "read_timeout"})
 
@@ -140,13 +144,21 @@ class RecordReader:
     Arguments are checked here, at construction; the source is opened only when iteration starts.
     ``record_lists()`` yields the records completed by each chunk as a list (the pipeline consumes
     these, avoiding per-record generator overhead); iterating the reader yields single records.
+
+    ``byte_range=(start, end)``: read only the records that *start* in bytes ``[start, end)`` of
+    the source (``end`` None: to its end). The reader opens the source at ``start`` (a regular
+    file, an http(s) URL or an s3:// object; uncompressed), finds the first record start there
+    (TFRecord: a header whose length and data CRCs check out; RecordIO: an aligned magic number;
+    lines and CSV: the next line feed), and reads past ``end`` only to finish its last record.
+    Readers given ranges that tile a source deliver each of its records exactly once.
     """
 
     def __init__(self, source: Any, format: str, *, compression: Optional[str] = "infer",
                  verify: bool = True, on_error: str = "raise", multipart: str = "dmlc",
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE,
                  read_size: int = DEFAULT_READ_SIZE, open_timeout: Optional[float] = None,
-                 read_timeout: Optional[float] = None, **format_options: Any) -> None:
+                 read_timeout: Optional[float] = None,
+                 byte_range: Optional[tuple] = None, **format_options: Any) -> None:
         check_keywords(format, format_options)
         check_source(source)
         check_compression(compression)
@@ -166,6 +178,7 @@ class RecordReader:
         self.read_size = read_size
         self.open_timeout = open_timeout
         self.read_timeout = read_timeout
+        self.byte_range = _check_byte_range(byte_range, source, compression)
         self.stats = ReaderStats()
         self._src: Optional[ByteSource] = None
         self._started = False
@@ -183,6 +196,9 @@ class RecordReader:
                 pass
         if isinstance(source, str) and source == "-" and _stdin_consumed:
             raise UsageError("stdin was read to the end by an earlier pass")
+        if self.byte_range is not None:
+            return open_at(source, self._origin, open_timeout=self.open_timeout,
+                           read_timeout=self.read_timeout)
         return open_source(source, open_timeout=self.open_timeout, read_timeout=self.read_timeout)
 
     def _mark_consumed(self) -> None:
@@ -202,15 +218,25 @@ class RecordReader:
         self._started = True
         stats = self.stats
         clock = time.perf_counter
+        end = None
+        if self.byte_range is not None:
+            # The framer says where the bytes it needs begin (a line reader wants the byte
+            # before the range, to tell whether a line starts at its first byte).
+            framer = make_framer(self.format, source=self.source_name, **self._framer_options)
+            start, end = self.byte_range
+            self._origin = framer.start_range(start, end)
         t0 = clock()
         src = self._src = self._open()
         stats.source_wait_s += clock() - t0
         name = src.name or self.source_name
         self.source_name = name
         try:
-            framer = make_framer(self.format, source=name, **self._framer_options)
-            # "infer": by the name's suffix, else by the first bytes (a sniffing codec).
-            codec = make_codec(self.compression, name)
+            if self.byte_range is None:
+                framer = make_framer(self.format, source=name, **self._framer_options)
+                # "infer": by the name's suffix, else by the first bytes (a sniffing codec).
+                codec = make_codec(self.compression, name)
+            else:
+                codec = None  # checked at construction: a byte range is read as it is
         except BaseException:
             self.close()
             raise
@@ -220,7 +246,9 @@ class RecordReader:
             feed = framer.feed
             # The framer sees one stream of pieces, whether they came straight from the source
             # or out of the codec (its tail included); finish() then ends the stream.
-            for piece in self._pieces(src, codec):
+            pieces = (self._pieces(src, codec) if end is None else
+                      self._range_pieces(src, self._origin, end))
+            for piece in pieces:
                 if len(head) < _HEAD_BYTES:
                     head += piece[:_HEAD_BYTES - len(head)]
                 framing = True
@@ -231,6 +259,8 @@ class RecordReader:
                 if records:
                     stats.records += len(records)
                     yield records
+                if end is not None and framer.done:
+                    break
             framing = True
             records = framer.finish()
             if records:
@@ -269,6 +299,26 @@ class RecordReader:
                 stats.bytes_decoded += len(piece)
                 yield piece
 
+    def _range_pieces(self, src: ByteSource, offset: int, end: int) -> Iterator[Any]:
+        """The bytes of ``src`` from stream ``offset`` on: whole reads up to ``end``, then small
+        ones (the framer stops the loop once its last record is whole)."""
+        stats = self.stats
+        clock = time.perf_counter
+        view = memoryview(bytearray(self.read_size))
+        readinto = src.readinto
+        while True:
+            left = end - offset
+            want = min(self.read_size, left if left > 0 else PAST_END_READ_SIZE)
+            t0 = clock()
+            n = readinto(view[:want])
+            stats.source_wait_s += clock() - t0
+            if not n:
+                return
+            offset += n
+            stats.bytes_read += n
+            stats.bytes_decoded += n
+            yield view[:n]
+
     def __iter__(self) -> Iterator[bytes]:
         for records in self.record_lists():
             yield from records
@@ -288,6 +338,29 @@ class RecordReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _check_byte_range(byte_range: Any, source: Any, compression: Any) -> Optional[tuple]:
+    if byte_range is None:
+        return None
+    if (not isinstance(byte_range, tuple) or len(byte_range) != 2
+            or any(isinstance(v, bool) for v in byte_range)
+            or not isinstance(byte_range[0], int)
+            or not (byte_range[1] is None or isinstance(byte_range[1], int))):
+        raise UsageTypeError(f"byte_range must be a (start, end) tuple of ints (end may be None),"
+                             f" not {byte_range!r}")
+    start, end = byte_range
+    if start < 0 or (end is not None and end < start):
+        raise UsageError(f"byte_range must have 0 <= start <= end, not {byte_range!r}")
+    if not range_capable(source):
+        raise UsageError(f"{source_name(source)} cannot be read by byte range: only regular files,"
+                         " http(s) URLs and s3:// objects can (FIFOs, stdin, file objects and"
+                         " other URLs are read front to back)")
+    kind = infer_compression(source_name(source)) if compression == "infer" else compression
+    if kind:
+        raise UsageError(f"{source_name(source)} is {kind}-compressed: a compressed stream cannot"
+                         " be read from the middle, so it cannot be split by byte range")
+    return (start, end)
 
 
 #: Bytes kept from the start of the stream: enough for every magic number and a TFRecord header.
@@ -409,5 +482,6 @@ def write_recordio_protobuf(dest: Any, features: Any, labels: Any = None, *,
                   compression=compression, multipart="concat")
 
 
-__all__ = ["DEFAULT_READ_SIZE", "READER_OPTIONS", "ReaderStats", "RecordReader", "check_keywords",
+__all__ = ["DEFAULT_READ_SIZE", "PAST_END_READ_SIZE", "READER_OPTIONS", "ReaderStats",
+           "RecordReader", "check_keywords",
            "expand_sources", "read_records", "write_recordio_protobuf", "write_records"]

@@ -42,6 +42,10 @@ def test_pure_layers_import_nothing_that_does_io(layer):
 
 def test_no_seek_tell_or_getsize_anywhere():
     for path in PKG.rglob("*.py"):
+        if path.relative_to(PKG).as_posix() == "sources/ranged.py":
+            # The one place a source is positioned (byte-range splits): it opens only sources
+            # that can be (regular files, HTTP Range, S3 through smart_open), once, at open.
+            continue
         text = path.read_text()
         for bad in (".seek(", ".tell(", "getsize("):
             assert bad not in text, f"{path.name} uses {bad}"

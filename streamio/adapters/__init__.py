@@ -50,7 +50,8 @@ def check_splittable(sources: Sequence[Any], readers: int, who: str, fix: str) -
     ``who`` says who the readers are and ``fix`` how to have one reader.
 
     With at least as many sources as readers each reader takes whole sources, which works for any
-    source. With fewer, every reader reads every source and keeps a round-robin share of the
+    source. With fewer, each reader reads a byte range of every source that allows one (see
+    :meth:`Dataset.shard`) and otherwise reads it all, keeping a round-robin share of the
     records, which a single stream cannot allow (the readers would steal each other's bytes).
     """
     if readers <= 1 or len(sources) >= readers:

@@ -35,7 +35,14 @@ def _recordio(*, verify, on_error, max_record_size, source, multipart):
                           max_record_size=max_record_size, source=source)
 
 
-def _csv(*, verify, on_error, max_record_size, source, multipart, quotechar='"', delimiter=","):
+def _csv(*, verify, on_error, max_record_size, source, multipart, quotechar='"', delimiter=",",
+         csv_quoted_newlines=True):
+    # csv_quoted_newlines=False: the user's word that no row holds a quoted line break, so a row
+    # starts after every line feed and a shard may split the file by byte range. Framing itself
+    # still honours quotes.
+    if not isinstance(csv_quoted_newlines, bool):
+        raise UsageTypeError(f"csv_quoted_newlines must be True or False, not"
+                             f" {csv_quoted_newlines!r}")
     return TextRowFramer(quotechar=quotechar, delimiter=delimiter, keep_blank=False,
                          csv_rows=True, on_error=on_error, max_record_size=max_record_size,
                          source=source)
@@ -49,7 +56,7 @@ def _lines(*, verify, on_error, max_record_size, source, multipart):
 register_format("tfrecord", _tfrecord)
 register_format("recordio", _recordio)
 # The delimiter matters to framing: a quote opens a quoted field only at the start of a field.
-register_format("csv", _csv, frozenset({"quotechar", "delimiter"}))
+register_format("csv", _csv, frozenset({"quotechar", "delimiter", "csv_quoted_newlines"}))
 register_format("lines", _lines)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..errors import FormatError, RecordTooLargeError, TruncatedStreamError
+from ..errors import FormatError, RecordTooLargeError, TruncatedStreamError, UsageError
 from ._base import FramerBase
 
 OK = 0  # stopped because the next frame is not complete yet (or the buffer is exhausted)
@@ -46,6 +46,14 @@ class LengthPrefixedFramer(FramerBase):
         self._resync = False  # searching for the next sound header after corruption
         self._discard = 0  # bytes of an oversized (but soundly framed) record still to drop
         self._at_eof = False  # finish() is framing what the tail held: nothing more will come
+        # Byte ranges (start_range): the stream fed starts at byte ``start`` of the source, in the
+        # middle of some record; records are framed from the first one the format confirms
+        # starts at or after ``start`` (``_seeking``) up to the first one that starts at or after
+        # ``_stop_at``, which belongs to the next range and ends this one (``done``).
+        self._seeking = False
+        self._seekbuf = bytearray()
+        self._stop_at: Optional[int] = None
+        self.done = False  # every record that starts in the range has been handed out
 
     # -- hooks --------------------------------------------------------------------------------
     def _scan(self, buf, pos: int, end: int, out: list) -> tuple[int, int]:
@@ -83,23 +91,71 @@ class LengthPrefixedFramer(FramerBase):
     # under on_error="skip"; TFRecord's length CRC rules that out.
     RESCAN_TRUNCATED = False
 
+    # Byte ranges: whether the range ends at the frame starting at ``buf[pos]`` (stream offset
+    # ``base + pos``, at or past the range's end) because the reader of the next range starts its
+    # records there (True), or whether this reader must still frame it (False: a fault the next
+    # reader cannot see as a frame boundary, or a continuation); None: more bytes are needed.
+    def _at_stop(self, buf, pos: int, end: int, base: int) -> Optional[bool]:
+        raise NotImplementedError
+
+    def _seek_accepts(self, buf, pos: int, end: int, base: int) -> Optional[bool]:
+        """Whether the sound header at ``buf[pos]`` starts a record (after a range start): the
+        same answer the previous range's reader gives with :meth:`_at_stop`. None: more bytes."""
+        raise NotImplementedError
+
+    def _framed_size(self, record: bytes) -> int:
+        """Size of the frame a record the scan kernel delivered came from."""
+        raise NotImplementedError
+
     # -- public -------------------------------------------------------------------------------
     @property
     def offset(self) -> int:
         """Bytes fed so far (the stream offset the next chunk starts at)."""
         return self._fed
 
+    def start_range(self, start: int, stop: Optional[int]) -> int:
+        """Frame only the records that start in ``[start, stop)`` (``stop`` None: to the end).
+
+        Call before the first :meth:`feed`. Returns the stream offset the caller must start
+        feeding at (``start``): the framer then searches for the first record start it can
+        confirm, and stops (:attr:`done`) at the first record that starts at or after ``stop``.
+        Offsets in errors stay those of the whole stream; record indexes count from the range.
+        """
+        if self._fed or self._tail:
+            raise UsageError("start_range() must come before the first feed()")
+        self._fed = self._consumed = start
+        self._seeking = start > 0  # offset 0 starts a record by definition
+        self._stop_at = stop
+        return start
+
     def feed(self, chunk) -> list[bytes]:
         self._raise_pending()
         view = as_bytes_view(chunk)
         self._fed += len(view)
         out: list[bytes] = []
-        self._feed(view, out)
+        if self.done:
+            return out
+        if self._seeking:
+            self._seek(view, out)
+        else:
+            self._feed(view, out)
         return out
 
     def finish(self) -> list[bytes]:
         self._raise_pending()
         out: list[bytes] = []
+        if self.done:
+            return out
+        if self._seeking:
+            self._at_eof = True
+            self._seek(b"", out)
+            if self._seeking:  # no record starts in the range
+                self._seeking = False
+                self._seekbuf = bytearray()
+                self.done = True
+                return out
+            if self.done:
+                return out
         if self._discard:
             err = TruncatedStreamError(
                 f"stream ends {self._discard} bytes before the end of an oversized record",
@@ -149,6 +205,58 @@ class LengthPrefixedFramer(FramerBase):
     def _finish_extra(self, out: list) -> None:
         """Format-specific checks at end of stream (RecordIO: an unfinished multi-part record)."""
 
+    # -- byte ranges ----------------------------------------------------------------------------
+    def _seek(self, view, out: list) -> None:
+        """Range start: find the first confirmed record start; bytes before it are no damage (they
+        end the previous range's last record), so they are not counted as skipped."""
+        buf = self._seekbuf
+        buf += view
+        base = self._consumed  # stream offset of buf[0]
+        end = len(buf)
+        keep = 0
+        mv = memoryview(buf)
+        try:
+            p = 0
+            while True:
+                q = self._find_sync(mv, p, end, base) if end - p >= self.HEADER else None
+                if q is None:
+                    keep = end if self._at_eof else max(p, end - (self.HEADER - 1))
+                    break
+                ok = self._seek_accepts(mv, q, end, base)
+                if ok is None:
+                    keep = q  # wait for the rest of the candidate frame
+                    break
+                if ok:
+                    rest = memoryview(bytes(mv[q:]))
+                    self._seeking = False
+                    self._consumed = base + q
+                    break
+                p = q + 1
+        finally:
+            mv.release()
+        if not self._seeking:
+            self._seekbuf = bytearray()
+            self._run(rest, 0, out)
+            return
+        del buf[:keep]
+        self._consumed = base + keep
+
+    def _end_range(self, offset: int) -> None:
+        self._consumed = offset
+        self._tail = bytearray()
+        self.done = True
+
+    def _trim(self, out: list, first: int, offset: int) -> Optional[int]:
+        """Drop the records in ``out[first:]`` (contiguous frames from stream ``offset``) that
+        start at or past the range's end; the offset of the first one dropped, or None."""
+        stop = self._stop_at
+        for i in range(first, len(out)):
+            if offset >= stop:
+                del out[i:]
+                return offset
+            offset += self._framed_size(out[i])
+        return None
+
     # -- the state machine ----------------------------------------------------------------------
     def _discard_from(self, view, pos: int) -> Optional[int]:
         if not self._discard:
@@ -188,6 +296,12 @@ class LengthPrefixedFramer(FramerBase):
         pos = self._discard_from(view, 0)
         if pos is None:
             return
+        if (self._tail and not self._resync and self._stop_at is not None
+                and self._consumed >= self._stop_at):
+            probe = bytes(self._tail) + bytes(view[pos:pos + self.HEADER])
+            if self._at_stop(probe, 0, len(probe), self._consumed):
+                self._end_range(self._consumed)
+                return
         if self._tail and not self._resync:
             pos = self._fill_tail(view, pos)
             if pos is None:
@@ -239,9 +353,25 @@ class LengthPrefixedFramer(FramerBase):
                 pos = sync
                 self._resync = False
             before = len(out)
+            first = pos
             pos, status = self._scan(buf, pos, end, out)
+            stop = self._stop_at
+            if stop is not None and base + pos > stop and len(out) > before:
+                at = self._trim(out, before, base + first)
+                if at is not None:
+                    self.records += len(out) - before
+                    self._end_range(at)
+                    return
             self.records += len(out) - before
             self._consumed = base + pos
+            if stop is not None and base + pos >= stop and pos < end:
+                ends = self._at_stop(buf, pos, end, base)
+                if ends:
+                    self._end_range(base + pos)
+                    return
+                if ends is None:
+                    self._tail = bytearray(buf[pos:])
+                    return
             if status == OK:
                 if pos < end:
                     self._tail = bytearray(buf[pos:])

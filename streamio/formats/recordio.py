@@ -221,6 +221,37 @@ class RecordIOFramer(LengthPrefixedFramer):
         self._skip(err, inner - pos)
         return inner
 
+    # Byte ranges. dmlc: a record starts exactly where an aligned magic with cflag 0 or 1 sits
+    # (the writer splits payloads at every aligned magic), so both sides of a boundary agree on
+    # the header alone. "concat" payloads may hold such a magic: the frame must also be followed
+    # by another magic (or end the stream). A chance match then needs a payload that holds, at
+    # aligned offsets, the magic, a plausible length word and the magic again where that length
+    # points (about 2**-67 per aligned word of random data); a payload that is itself RecordIO
+    # data (a nested .rec file) can fool it, and such data should be split by an index.
+    def _at_stop(self, buf, pos, end, base):
+        if self._parts is not None:
+            return False  # a part of a record that started before the range's end
+        if end - pos < HEADER_SIZE:
+            return False if self._at_eof else None
+        magic, lrec = _HEADER.unpack_from(buf, pos)
+        length = lrec & LENGTH_MASK
+        if magic != MAGIC or (base + pos) & 3 or lrec >> 29 > 1 or length > self.max_record_size:
+            return False
+        if self.multipart == "dmlc":
+            return True
+        frame_end = pos + HEADER_SIZE + length + (-length & 3)
+        if frame_end + 4 <= end:
+            return bytes(buf[frame_end:frame_end + 4]) == MAGIC_BYTES
+        if self._at_eof:
+            return frame_end == end
+        return None
+
+    def _seek_accepts(self, buf, pos, end, base):
+        return self._at_stop(buf, pos, end, base)
+
+    def _framed_size(self, record):
+        return HEADER_SIZE + len(record) + (-len(record) & 3)
+
     def _take(self, buf, pos, end, base, out) -> Optional[int]:
         """Take the whole frame at ``pos`` as the kernel would have."""
         lrec = _HEADER.unpack_from(buf, pos)[1]

@@ -78,6 +78,13 @@ class TextRowFramer(FramerBase):
         self._head = b"" if csv_rows else None  # csv: first bytes, until a BOM is ruled out
         self._row_start = 0  # stream offset of the unfinished row
         self._fed = 0
+        # Byte ranges (start_range): rows start after a line feed, so a range's reader drops the
+        # bytes up to the first LF at or after ``start - 1`` (``_seeking``) and frames up to the
+        # first LF at or after ``stop - 1`` (``_range_stop``), the end of the last row that
+        # starts in the range. CSV is split this way only when rows hold no quoted line breaks.
+        self._seeking = False
+        self._range_stop: Optional[int] = None
+        self.done = False
         self._dropping = False  # skipping an oversized row under on_error="skip"
 
     @property
@@ -86,9 +93,60 @@ class TextRowFramer(FramerBase):
 
     # --- feeding -------------------------------------------------------------------------------
 
+    def start_range(self, start: int, stop: Optional[int]) -> int:
+        """Frame only the rows that start in ``[start, stop)`` (``stop`` None: to the end).
+
+        Call before the first :meth:`feed`. Returns the stream offset the caller must start
+        feeding at: ``start - 1`` (the byte that tells whether a row starts at ``start``), or 0.
+        """
+        if self._fed:
+            raise UsageError("start_range() must come before the first feed()")
+        origin = max(start - 1, 0)
+        self._fed = self._row_start = origin
+        if start > 0:
+            self._seeking = True
+            self._head = None  # a byte-order mark can only open the whole stream
+        self._range_stop = stop
+        return origin
+
     def feed(self, chunk) -> list[bytes]:
         self._raise_pending()
+        if self.done:
+            return []
         data = bytes(as_bytes_view(chunk))
+        if self._seeking or self._range_stop is not None:
+            return self._feed_range(data)
+        return self._feed_whole(data)
+
+    def _feed_range(self, data: bytes) -> list[bytes]:
+        base = self._fed
+        if self._seeking:
+            cut = data.find(b"\n")
+            if cut < 0:
+                self._fed += len(data)
+                self._row_start = self._fed
+                return []
+            self._seeking = False
+            data = data[cut + 1:]
+            base += cut + 1
+            self._fed = self._row_start = base
+            if self._range_stop is not None and base >= self._range_stop:
+                self._fed = base + len(data)  # the range's first row starts past its end
+                self.done = True
+                return []
+        stop = self._range_stop
+        if stop is None:
+            return self._feed_whole(data)
+        cut = data.find(b"\n", max(stop - 1 - base, 0))
+        if cut < 0:
+            return self._feed_whole(data)
+        out = self._feed_whole(data[:cut + 1])
+        self._fed = base + len(data)
+        out += self._finish_whole()
+        self.done = True
+        return out
+
+    def _feed_whole(self, data: bytes) -> list[bytes]:
         base = self._fed
         self._fed += len(data)
         out: list[bytes] = []
@@ -100,6 +158,12 @@ class TextRowFramer(FramerBase):
 
     def finish(self) -> list[bytes]:
         self._raise_pending()
+        if self.done or self._seeking:  # no row starts in the rest of the range
+            self.done = True
+            return []
+        return self._finish_whole()
+
+    def _finish_whole(self) -> list[bytes]:
         out: list[bytes] = []
         if self._head:  # a stream of 1 or 2 bytes that began like a BOM
             data, base = self._strip_bom(b"", self._fed, final=True)

@@ -126,6 +126,34 @@ class TFRecordFramer(LengthPrefixedFramer):
         q = self._sync_kernel(buf, pos, end, self.max_record_size)
         return None if q < 0 else q
 
+    # Byte ranges. A range ends at the first sound header (length CRC) at or past its end; the
+    # next range's reader takes the first sound header whose data CRC checks out, or, if the
+    # data is damaged, that is followed by another sound header (or by the end of the stream),
+    # so a damaged record at a boundary is reported once, by the next reader. A chance header
+    # inside a payload passes both checks with odds of about 2**-64 per offset.
+    def _header_sound(self, buf, pos, end) -> Optional[bool]:
+        if end - pos < HEADER_SIZE:
+            return False if self._at_eof else None
+        length, length_crc = _HEADER.unpack_from(buf, pos)
+        return length <= self.max_record_size and masked_crc32c(buf[pos:pos + 8]) == length_crc
+
+    def _at_stop(self, buf, pos, end, base):
+        return self._header_sound(buf, pos, end)
+
+    def _seek_accepts(self, buf, pos, end, base):
+        stop = pos + self._frame_size(buf, pos)
+        if stop > end:
+            return False if self._at_eof else None
+        data = buf[stop - FOOTER_SIZE - _HEADER.unpack_from(buf, pos)[0]:stop - FOOTER_SIZE]
+        if masked_crc32c(data) == _U32.unpack_from(buf, stop - FOOTER_SIZE)[0]:
+            return True
+        if stop == end:
+            return True if self._at_eof else None
+        return self._header_sound(buf, stop, end) is not False
+
+    def _framed_size(self, record):
+        return HEADER_SIZE + len(record) + FOOTER_SIZE
+
     def _length_is_trusted(self, buf, pos):
         length, length_crc = _HEADER.unpack_from(buf, pos)
         return self.verify and masked_crc32c(buf[pos:pos + 8]) == length_crc

@@ -27,6 +27,7 @@ from ..reader import RecordReader, check_keywords, expand_sources
 from ..sources import check_source, source_name
 from . import parallel
 from .prefetch import Prefetcher
+from .ranges import plan_range
 from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes, new_seed
 from .stats import EpochStats, empty_snapshot
 
@@ -288,7 +289,8 @@ class Dataset:
 
     @property
     def round_robin(self) -> bool:
-        """Whether a :meth:`shard` splits records of a stream (each shard reads all of it)."""
+        """Whether a :meth:`shard` splits the records of a source rather than whole sources (by
+        byte range where the source allows it, else round-robin: each shard reads all of it)."""
         return bool(self._round_robin)
 
     def __repr__(self) -> str:
@@ -428,11 +430,16 @@ class Dataset:
         exactly once, and no two share one.
 
         With at least ``num_shards`` sources, whole sources are split: source ``i`` goes to shard
-        ``i % num_shards`` and each shard reads only its own. With fewer (one FIFO, one file),
-        records go round-robin: **every shard reads and frames the whole stream** and keeps every
-        ``num_shards``-th record, so the I/O and framing cost is paid ``num_shards`` times (a
-        FIFO can have only one reader: round-robin over one pipe needs ``num_shards`` separate
-        pipes or a single reader).
+        ``i % num_shards`` and each shard reads only its own. With fewer, each source that allows
+        it (a regular file or an http(s) URL, uncompressed, in TFRecord, RecordIO or lines; CSV
+        with ``csv_quoted_newlines=False``) is **split by byte range**: shard ``i`` reads about
+        the ``i``-th ``1/num_shards`` of its bytes and delivers the records that start there
+        (cut at record starts by an index file beside it, if there is one; see
+        :mod:`streamio.pipeline.ranges`). Any other source (a FIFO, stdin, a PipeChannel, a
+        compressed file, CSV that may hold quoted line breaks) is dealt round-robin, with a
+        warning saying so once: **every shard reads and frames the whole stream** and keeps
+        every ``num_shards``-th record (a FIFO can have only one reader: round-robin over one
+        pipe needs ``num_shards`` separate pipes or a single reader).
 
         Sharding applies to the records as they are read, wherever it appears in the chain (as
         tf.data's auto-sharding does): shuffling, batching and prefetching then work on the
@@ -525,6 +532,19 @@ class Dataset:
         return EpochIterator(run.build(), stats, batched=self._batched())
 
 
+def _first_record(source: Any, ds: "Dataset") -> bytes:
+    """The first record of ``source`` (a CSV header, for a reader whose byte range starts past
+    it); read apart from the epoch's counters, in small reads."""
+    options = {**ds._reader_options, "read_size": 64 * 1024}
+    reader = RecordReader(source, ds._format, **options)
+    with reader:
+        for records in reader.record_lists():
+            if records:
+                return records[0]
+    raise DecodeError("the source holds no header row", source=source_name(source),
+                      record_index=0)
+
+
 class _EpochRun:
     """The state of one epoch while its generator chain is built and run."""
 
@@ -604,22 +624,36 @@ class _EpochRun:
         layers = ds._round_robin
         takes_header = self.decoder is not None and _takes_header(self.decoder)
         for ordinal in ds._selection:
-            reader = RecordReader(ds._all_sources[ordinal], ds._format, **ds._reader_options)
+            source = ds._all_sources[ordinal]
+            # Fewer sources than readers: a byte range of the source where it allows one, else
+            # every record of it, dealt round-robin below.
+            plan = plan_range(source, ds._format, ds._reader_options, layers) if layers else None
+            shares = () if plan is not None else layers
+            if plan is not None:
+                start, end = plan.byte_range
+                if end is not None and start >= end:
+                    continue  # no record starts in this reader's range
+                reader = RecordReader(source, ds._format, byte_range=plan.byte_range,
+                                      **ds._reader_options)
+                if takes_header and start > 0:
+                    self.use_header(_first_record(source, ds), source_name(source))
+            else:
+                reader = RecordReader(source, ds._format, **ds._reader_options)
             stats.reader_opened(reader.stats)
             try:
                 seen = 0  # records of this source so far
-                counters = [0] * len(layers)
+                counters = [0] * len(shares)
                 base = ordinal << _INDEX_BITS
                 for records in reader.record_lists():
                     self.names[ordinal] = reader.source_name
-                    if takes_header and seen == 0:
+                    if takes_header and seen == 0 and (plan is None or plan.byte_range[0] == 0):
                         self.use_header(records[0], reader.source_name)
                         records = records[1:]
                         seen = 1
                     ids = (np.arange(base + seen, base + seen + len(records), dtype=np.int64)
                            if self.track_ids else None)
                     seen += len(records)
-                    for layer, (num_shards, index) in enumerate(layers):
+                    for layer, (num_shards, index) in enumerate(shares):
                         # Shard (source position + record position) % num_shards: every record
                         # of the layer's input goes to exactly one shard, and short sources
                         # do not all favour shard 0.

@@ -137,7 +137,9 @@ class HttpSource(ByteSource):
                  max_retries: int = DEFAULT_MAX_RETRIES,
                  max_total_retries: int = DEFAULT_MAX_TOTAL_RETRIES,
                  backoff: float = DEFAULT_BACKOFF,
-                 headers: Optional[Mapping[str, str]] = None) -> None:
+                 headers: Optional[Mapping[str, str]] = None, start: int = 0) -> None:
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise UsageError(f"start must be a byte offset >= 0, not {start!r}")
         if max_retries < 0 or max_total_retries < 0:
             raise UsageError("max_retries and max_total_retries must be >= 0")
         check_timeout("low_speed_time", low_speed_time)
@@ -162,7 +164,11 @@ class HttpSource(ByteSource):
         self._meter: Optional[LowSpeedMeter] = None
         self._waited = 0.0  # seconds this connection spent waiting in recv (the meter's clock)
         self._armed = 0.0  # the socket timeout set for the current read
-        self.received = 0  # bytes delivered to the reader
+        # ``start``: the body is read from this byte on (a ``Range`` request; see
+        # streamio.sources.ranged). ``received`` counts from the object's byte 0.
+        self._origin = start
+        self._answered = False  # whether a first response was accepted
+        self.received = start  # stream offset of the next byte to deliver
         self.total: Optional[int] = None
         self.retries = 0  # resumes done so far (all of them, for statistics)
         self._failures = 0  # failed attempts since the last one that made real progress
@@ -221,9 +227,11 @@ class HttpSource(ByteSource):
 
     def _request_headers(self) -> dict:
         headers = {"Accept-Encoding": "identity", "User-Agent": "streamio", **self._headers}
-        if self.received and self._validator:
+        if self._answered and self.received and self._validator:
             headers["Range"] = f"bytes={self.received}-"
             headers["If-Range"] = self._validator
+        elif not self._answered and self._origin:
+            headers["Range"] = f"bytes={self._origin}-"  # no validator yet: the first answer pins it
         # Without a validator a resume re-reads from byte 0 and checks the prefix (module doc).
         return headers
 
@@ -287,10 +295,18 @@ class HttpSource(ByteSource):
         length = self._content_length(resp)
         etag = resp.getheader("ETag")
         strong = etag if etag and not etag.startswith("W/") else None
-        if not self.received:
-            if status != 200:
+        if not self._answered:
+            if status == 206 and self._origin:
+                self._check_content_range(resp)
+                crange = _CONTENT_RANGE.match(resp.getheader("Content-Range").strip())
+                self.total = None if crange.group(3) == "*" else int(crange.group(3))
+            elif status != 200:
                 raise SourceError(f"unexpected HTTP {status} {resp.reason}", source=self.name)
-            self.total = length
+            else:
+                self.total = length
+                # A server without ranges sends the whole object: skip to the start.
+                self._skip, self._skip_crc = self._origin, None
+            self._answered = True
             self._etag = strong
             self._validator = strong or resp.getheader("Last-Modified")
             self._crc = None if strong else 0
@@ -395,9 +411,11 @@ class HttpSource(ByteSource):
             return 0
         n = len(data)
         if self._skip:
+            at = self.received - self._skip  # stream offset of data[0]
             self._skip -= n
             if self._skip_crc is not None:
-                self._skip_crc = zlib.crc32(data, self._skip_crc)
+                # The running CRC covers the delivered bytes: those from the start offset on.
+                self._skip_crc = zlib.crc32(data[max(self._origin - at, 0):], self._skip_crc)
                 if not self._skip and self._skip_crc != self._crc:
                     raise SourceError(f"cannot resume at byte {self.received}: the first"
                                       f" {self.received} bytes read again differ from those"
