@@ -104,6 +104,7 @@ def describe_chain(ds: Any) -> str:
 
 
 def make_state(ds: Any, epoch: int, delivered: int, finished: bool) -> dict:
+    check_stages(ds._stages)  # a state that could not be resumed is refused when taken
     return {_KEY: STATE_VERSION, "epoch": int(epoch), "delivered": int(delivered),
             "finished": bool(finished), "seeds": stage_seeds(ds._stages),
             "chain": describe_chain(ds)}
@@ -114,6 +115,7 @@ def check_state(ds: Any, state: Any) -> dict:
     if not isinstance(state, dict):
         raise UsageTypeError(f"a resume state is a dict (from state_dict()), not"
                              f" {type(state).__name__}")
+    check_stages(ds._stages)
     if state.get(_KEY) != STATE_VERSION:
         raise UsageError(f"not a streamio resume state (version {STATE_VERSION}): keys"
                          f" {sorted(state)[:8]}")
@@ -130,7 +132,6 @@ def check_state(ds: Any, state: Any) -> dict:
         raise UsageError("resume state: it was taken from a different pipeline (other sources,"
                          " format, options, stages, shard or worker/rank); rebuild the Dataset"
                          " as it was when the state was taken")
-    check_stages(ds._stages)
     return state
 
 
