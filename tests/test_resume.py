@@ -302,3 +302,53 @@ def test_pipe_channel_resumes_in_a_restarted_job(tmp_path, fifo):
 def _mkfifo(path) -> str:
     os.mkfifo(path)
     return str(path)
+
+
+# -- PyTorch: StatefulDataLoader (per-worker state) and torch.distributed.checkpoint --------------
+def _torch_epoch(loader) -> list:
+    return [batch["x"].tolist() for batch in loader]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("where", [0.0, 0.3, 0.77, 1.0])
+def test_stateful_dataloader_resumes_exactly(sources, num_workers, where):
+    pytest.importorskip("torch")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    make = lambda ds: stateful.StatefulDataLoader(  # noqa: E731
+        ds.to_torch(), batch_size=None, num_workers=num_workers)
+    ds = _dataset(sources["gzip"], "shuffle-batch-prefetch")
+    reference = make(ds)
+    epochs = [_torch_epoch(reference) for _ in range(2)]  # epochs 0 and 1, uninterrupted
+
+    loader = make(ds)
+    it = iter(loader)
+    cut = round(where * len(epochs[0]))
+    before = [next(it)["x"].tolist() for _ in range(cut)]
+    # Each worker's state comes back with its batches; JSON, as a checkpoint would store it.
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+
+    resumed = make(_dataset(sources["gzip"], "shuffle-batch-prefetch"))
+    resumed.load_state_dict(state)
+    after = _torch_epoch(resumed)
+    assert before + after == epochs[0]
+    assert sorted(i for b in before + after for i in b) == ALL_IDS
+    assert _torch_epoch(resumed) == epochs[1]  # and the next epoch is epoch 1
+
+
+def test_stream_dataset_is_a_distributed_checkpoint_stateful(sources, tmp_path):
+    torch = pytest.importorskip("torch")
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    from torch.distributed.checkpoint.stateful import Stateful
+
+    ds = _dataset(sources["file"], "shuffle_batches")
+    full = [b["x"].tolist() for b in ds.to_torch()]
+    tds = ds.to_torch()
+    assert isinstance(tds, Stateful)
+    it = iter(tds)
+    before = [next(it)["x"].tolist() for _ in range(7)]
+    dcp.save({"data": tds}, checkpoint_id=str(tmp_path / "ckpt"))
+    restored = _dataset(sources["file"], "shuffle_batches").to_torch()
+    dcp.load({"data": restored}, checkpoint_id=str(tmp_path / "ckpt"))
+    assert before + [b["x"].tolist() for b in restored] == full
+    del torch

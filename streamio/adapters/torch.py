@@ -52,6 +52,7 @@ last batch (every record is used at least once; some twice); ``None`` does nothi
 from __future__ import annotations
 
 import collections
+import json
 import multiprocessing
 import os
 import warnings
@@ -368,22 +369,30 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
         With ``DataLoader(num_workers=0)`` this is the epoch the loop is in; in a DataLoader
         worker it is that worker's share, which is what torchdata's ``StatefulDataLoader``
-        collects from each worker (call ``loader.state_dict()`` there, not this). A reader that
-        has begun its epoch but delivered nothing yet says which epoch (``"iterator": None``):
-        its workers mates may have delivered batches of it, and it must rejoin that epoch.
-        Before any ``iter()``: ``{"streamio_torch": 1, "epoch": None, "iterator": None}``,
-        which restores nothing."""
+        collects from each worker (call ``loader.state_dict()`` there, not this).
+
+        ``{"streamio_torch": 1, "resume": TEXT}``, TEXT a JSON object: ``epoch`` and
+        ``iterator`` (``Dataset.iter_from``'s state, or None when this reader has begun its epoch
+        but delivered nothing: its worker mates may have, and it must rejoin that epoch; before
+        any ``iter()`` the epoch is None too, which restores nothing). One string, so that the
+        structure never changes: ``torch.distributed.checkpoint`` loads into the structure the
+        receiving object's ``state_dict()`` has."""
         it = self._iterator
-        return {"streamio_torch": 1, "epoch": self._started_epoch,
-                "iterator": None if it is None else it.state_dict()}
+        inner = {"epoch": self._started_epoch,
+                 "iterator": None if it is None else it.state_dict()}
+        return {"streamio_torch": 1, "resume": json.dumps(inner, sort_keys=True)}
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``iter()`` finish the epoch ``state`` was taken in, exactly (see
         ``Dataset.iter_from``); the epochs after it count on from there."""
         if not isinstance(state, dict) or state.get("streamio_torch") != 1:
             raise UsageError("not a StreamDataset state (from StreamDataset.state_dict())")
-        inner = state.get("iterator")
-        epoch = inner.get("epoch") if isinstance(inner, dict) else state.get("epoch")
+        try:
+            outer = json.loads(state["resume"])
+            inner = outer["iterator"]
+            epoch = outer["epoch"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"not a StreamDataset state: {exc!r}") from None
         if epoch is None:
             self._pending = None
             return
