@@ -209,6 +209,7 @@ class Dataset:
 
     def _reset_runtime(self) -> None:
         self._epochs_started = 0
+        self.__dict__.pop("_pending_state", None)  # load_state_dict() is for this object only
         self._last_stats: Optional[EpochStats] = None
         # Adapters that read this Dataset elsewhere (DataLoader workers, a tf.data generator)
         # report their epochs here, so that stats() describes what happened. Held strongly (a
