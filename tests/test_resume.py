@@ -352,3 +352,35 @@ def test_stream_dataset_is_a_distributed_checkpoint_stateful(sources, tmp_path):
     dcp.load({"data": restored}, checkpoint_id=str(tmp_path / "ckpt"))
     assert before + [b["x"].tolist() for b in restored] == full
     del torch
+
+
+def test_torch_pipe_channel_resumes_in_a_restarted_job(tmp_path, fifo):
+    """to_torch over a PipeChannel: the restarted job's first FIFO (_0) carries the resumed
+    epoch (its number, so its order, from the state); the next FIFO the next epoch."""
+    pytest.importorskip("torch")
+    ref = str(tmp_path / "ref.tfrecord")
+    streamio.write_records(ref, "tfrecord", [r for k in range(N_FILES) for r in _records(k)])
+    reference = _dataset([ref], "shuffle-batch-prefetch")
+    epochs = {e: _epoch(reference, e) for e in (1, 2)}
+    prefix = tmp_path / "train"
+
+    def channel_ds():
+        return CHAINS["shuffle-batch-prefetch"](streamio.Dataset(
+            streamio.PipeChannel(str(prefix), open_timeout=30), "tfrecord", decoder=_decoder()))
+
+    for e in range(2):
+        fifo.start(_mkfifo(f"{prefix}_{e}"), ref)
+    job1 = channel_ds().to_torch()
+    list(job1)  # epoch 0 from train_0
+    it = iter(job1)  # epoch 1 from train_1, interrupted
+    before = [next(it)["x"].tolist() for _ in range(9)]
+    state = json.loads(json.dumps(job1.state_dict()))
+    del it
+    for e in range(2):
+        os.unlink(f"{prefix}_{e}")
+    for e in range(2):  # the restarted job's FIFOs, from _0 again, the same data
+        fifo.start(_mkfifo(f"{prefix}_{e}"), ref)
+    job2 = channel_ds().to_torch()
+    job2.load_state_dict(state)
+    assert before + [b["x"].tolist() for b in job2] == epochs[1]  # from train_0
+    assert [b["x"].tolist() for b in job2] == epochs[2]  # from train_1
