@@ -71,9 +71,9 @@ def main() -> None:
         server, base = _serve(tmp)
         try:
             sources = {"file": plain, "gzip": plain + ".gz", "http": f"{base}/data.tfrecord"}
-            size = os.path.getsize(plain)
-            print(f"{args.records} records, {size / 1e6:.1f} MB ({os.path.getsize(plain + '.gz') / 1e6:.1f}"
-                  " MB gzip); shuffle(10000).batch(256).prefetch(), Example decoder")
+            size, gz_size = os.path.getsize(plain), os.path.getsize(plain + ".gz")
+            print(f"{args.records} records, {size / 1e6:.1f} MB ({gz_size / 1e6:.1f} MB gzip);"
+                  " shuffle(10000).batch(256).prefetch(), Example decoder")
             print(f"{'source':6} {'depth':>6} {'batches':>8} {'resume_s':>9} {'reach_s':>8}")
             for kind, source in sources.items():
                 ds = _pipeline(source)

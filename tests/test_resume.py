@@ -25,6 +25,8 @@ from hostile_http import HostileHTTPServer
 
 N_FILES = 3
 PER_FILE = 150  # records per source; ids are 1000 * source + index
+# The fixtures are module-scoped (built once), which Hypothesis cannot tell.
+_MODULE_FIXTURE = [HealthCheck.function_scoped_fixture]
 ALL_IDS = sorted(1000 * k + i for k in range(N_FILES) for i in range(PER_FILE))
 
 
@@ -122,7 +124,7 @@ def _epoch(ds, epoch: int) -> list:
     return [_ids(item) for item in ds.with_context(epoch=epoch)]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=_MODULE_FIXTURE)
 @given(kind=st.sampled_from(["file", "gzip", "http", "s3"]), chain=st.sampled_from(sorted(CHAINS)),
        epoch=st.integers(0, 3), where=st.floats(0, 1))
 def test_resume_gives_exactly_the_rest_of_the_epoch_in_order(sources, kind, chain, epoch, where):
@@ -146,7 +148,7 @@ def test_resume_gives_exactly_the_rest_of_the_epoch_in_order(sources, kind, chai
         assert sorted(delivered.elements()) == ALL_IDS  # exactly one epoch: none lost or twice
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=_MODULE_FIXTURE)
 @given(cuts=st.lists(st.floats(0, 1), min_size=2, max_size=4))
 def test_resuming_a_resumed_epoch_again(sources, cuts):
     ds = _dataset(sources["gzip"], "shuffle_batches").with_context(epoch=1)

@@ -432,8 +432,15 @@ class StreamDataset(torch.utils.data.IterableDataset):
     def _generate(self, ds: Any, pin: bool) -> Iterator[Any]:
         iterator = iter(ds)
         self._iterator = iterator if hasattr(iterator, "state_dict") else None
-        for batch in iterator:
-            yield convert_batch(batch, pin_memory=pin)
+        try:
+            for batch in iterator:
+                yield convert_batch(batch, pin_memory=pin)
+        finally:
+            # Now, not when the iterator is collected: self._iterator keeps it (for
+            # state_dict(), which a closed iterator still answers) and its prefetch thread.
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
 
     def _generate_in_worker(self, ds: Any, worker: int) -> Iterator[Any]:
         """The worker's share, publishing its stats for the main process as it goes and when it
