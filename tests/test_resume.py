@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 import streamio
 from streamio.decoders import Example, FixedLen, encode_example
@@ -311,14 +311,19 @@ def _torch_epoch(loader) -> list:
     return [batch["x"].tolist() for batch in loader]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("where", [0.0, 0.3, 0.77, 1.0])
-def test_stateful_dataloader_resumes_exactly(sources, num_workers, where):
+@settings(max_examples=10, deadline=None, suppress_health_check=_MODULE_FIXTURE)
+@given(num_workers=st.sampled_from([0, 2]), where=st.floats(0, 1),
+       chain=st.sampled_from(["shuffle-batch-prefetch", "shuffle_batches"]))
+@example(num_workers=0, where=0.0, chain="shuffle-batch-prefetch")
+@example(num_workers=2, where=0.0, chain="shuffle-batch-prefetch")
+@example(num_workers=0, where=1.0, chain="shuffle_batches")
+@example(num_workers=2, where=1.0, chain="shuffle_batches")
+def test_stateful_dataloader_resumes_exactly(sources, num_workers, where, chain):
     pytest.importorskip("torch")
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     make = lambda ds: stateful.StatefulDataLoader(  # noqa: E731
         ds.to_torch(), batch_size=None, num_workers=num_workers)
-    ds = _dataset(sources["gzip"], "shuffle-batch-prefetch")
+    ds = _dataset(sources["gzip"], chain)
     reference = make(ds)
     epochs = [_torch_epoch(reference) for _ in range(2)]  # epochs 0 and 1, uninterrupted
 
@@ -330,7 +335,7 @@ def test_stateful_dataloader_resumes_exactly(sources, num_workers, where):
     state = json.loads(json.dumps(loader.state_dict()))
     del it
 
-    resumed = make(_dataset(sources["gzip"], "shuffle-batch-prefetch"))
+    resumed = make(_dataset(sources["gzip"], chain))
     resumed.load_state_dict(state)
     after = _torch_epoch(resumed)
     assert before + after == epochs[0]
