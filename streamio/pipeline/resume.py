@@ -77,9 +77,21 @@ def _stage_key(stage: Any) -> Optional[dict]:
     for name in fields:
         if name == "seed":
             continue
-        value = getattr(stage, name)
-        out[name] = value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
+        out[name] = _value_key(getattr(stage, name))
     return out
+
+
+def _value_key(value: Any) -> Any:
+    """A field's value as something equal in every process (no ``id()``-bearing repr: a
+    ``map`` function must match its twin in the restarted process)."""
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_value_key(v) for v in value]
+    if callable(value):
+        name = getattr(value, "__qualname__", None) or type(value).__qualname__
+        return f"{getattr(value, '__module__', '?')}.{name}"
+    return type(value).__qualname__
 
 
 def stage_seeds(stages: tuple) -> list:
