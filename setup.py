@@ -70,6 +70,8 @@ setup(
         "fuzz": ["atheris>=2.3"],
         "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
                 "moto[server]>=5", "isal>=1.6", "zlib-ng>=0.5",
+                # torchdata's StatefulDataLoader: the resume tests (tests/test_resume.py).
+                "torchdata>=0.8",
                 "backports.zstd>=1.0; python_version<'3.14'"],
     },
     entry_points={"console_scripts": ["streamio=streamio.cli:main"]},

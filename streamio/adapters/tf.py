@@ -56,7 +56,7 @@ from . import check_splittable
 
 tf = require("tensorflow", "tf")
 
-__all__ = ["element_spec", "to_tf"]
+__all__ = ["element_spec", "resume_callback", "to_tf"]
 
 #: Batches per generator call on the fixed-shape path. 16 makes the ~0.5-1 ms call cost small
 #: beside the batches' own cost (measured on 2 cores, 200k Examples in batches of 256, read
@@ -190,6 +190,9 @@ class _EpochSource:
         self._pending: Optional[tuple] = None  # (iterator, first batch) read by peek()
         # The Dataset of the latest epoch (its stats), for the user's Dataset.stats().
         self._latest: Any = None
+        # Resume: a state the first epoch resumes from, and the running epoch's iterator.
+        self.resume: Optional[dict] = None
+        self.current: Any = None
 
     def latest_stats(self) -> Optional[tuple]:
         """``(started_at, snapshot)`` of the latest epoch read here (``Dataset.stats()``)."""
@@ -197,16 +200,23 @@ class _EpochSource:
         stats = None if latest is None else getattr(latest, "_last_stats", None)
         return None if stats is None else (stats.started_at, stats.snapshot())
 
-    def _epoch_dataset(self) -> Any:
+    def _start(self) -> Any:
+        """The next epoch's iterator (the rest of a resumed epoch, the first time if asked)."""
         with self._lock:
-            epoch = next(self._epoch)
+            resume, self.resume = self.resume, None
+            if resume is not None:
+                epoch = resume["epoch"]
+                self._epoch = itertools.count(epoch + 1)
+            else:
+                epoch = next(self._epoch)
         ds = self.dataset.with_context(epoch=epoch, rank=self.rank, world_size=self.world_size)
         self._latest = ds
-        return ds
+        self.current = iter(ds) if resume is None else ds.iter_from(resume)
+        return self.current
 
     def peek(self) -> Any:
         """Read the first batch of the first epoch now, and keep it for the first iteration."""
-        iterator = iter(self._epoch_dataset())
+        iterator = self._start()
         try:
             first = next(iterator)
         except StopIteration:
@@ -224,7 +234,7 @@ class _EpochSource:
             yield first
             yield from iterator
         else:
-            yield from self._epoch_dataset()
+            yield from self._start()
 
     def __call__(self) -> Iterator[Any]:
         if self.block > 1:
@@ -271,6 +281,11 @@ class _EpochSource:
 
 
 def to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = None) -> Any:
+    return _to_tf(dataset, input_context=input_context, batches=batches)[0]
+
+
+def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = None,
+           resume: Optional[dict] = None) -> tuple:
     """``dataset`` as a ``tf.data.Dataset`` whose ``element_spec`` is exact (see the module doc).
 
     ``input_context``: a ``tf.distribute.InputContext`` (what
@@ -307,6 +322,7 @@ def to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = N
     # Without batch() items are raw records whatever the decoder (it decodes batches).
     decoder = getattr(dataset, "decoder", None) if batched else None
     source = _EpochSource(dataset, rank, world_size)
+    source.resume = resume
     adopt = getattr(owner, "_add_stats_provider", None)
     if adopt is not None:
         adopt(source)
@@ -335,4 +351,79 @@ def to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = N
         tfds = tf.data.Dataset.from_generator(source, output_signature=signature)
     if batches is not None:
         tfds = tfds.apply(tf.data.experimental.assert_cardinality(batches))
-    return tfds
+    return tfds, source
+
+
+# -- resume with Keras ----------------------------------------------------------------------------
+def resume_callback(path: str, *, every: int = 100) -> Any:
+    """A Keras callback that saves where the input stream stands, and resumes from it.
+
+    ::
+
+        resume = resume_callback("ckpt/stream.json", every=500)
+        tfds = resume.to_tf(ds)                  # resumes from the file if it exists
+        model.fit(tfds.map(to_xy), epochs=10, initial_epoch=resume.initial_epoch,
+                  callbacks=[resume, keras.callbacks.ModelCheckpoint(..., save_freq=500)])
+
+    The state (a small JSON file, written atomically) is taken from the batches Keras has
+    *trained on* (``on_train_batch_end``), not from what tf.data has prefetched, every
+    ``every`` steps and at each epoch's end (then it points at the next epoch's start). Save
+    the model at the same steps (``ModelCheckpoint(save_freq=every)``): the stream state and
+    the weights must describe the same step. A restarted run gets the rest of the interrupted
+    epoch exactly (see :mod:`streamio.pipeline.resume`), then the following epochs; pass
+    ``initial_epoch`` so that Keras numbers them alike. ``to_tf`` keywords as :func:`to_tf`.
+    """
+    import json
+    import os
+
+    from ..pipeline import resume as _resume
+
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise UsageError(f"every must be an int >= 1, not {every!r}")
+    path = os.fspath(path)
+
+    class StreamResume(tf.keras.callbacks.Callback):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.path = path
+            self.every = every
+            self.state: Optional[dict] = None
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    self.state = json.load(f)
+            #: The epoch to pass to ``model.fit(initial_epoch=...)``.
+            self.initial_epoch = 0 if self.state is None else int(self.state["epoch"])
+            self._source: Any = None
+            self._saved_at = 0
+
+        def to_tf(self, dataset: Any, **kwargs: Any) -> Any:
+            tfds, self._source = _to_tf(dataset, resume=self.state, **kwargs)
+            return tfds
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._saved_at = 0
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            steps = batch + 1  # steps trained in this epoch (Keras counts from 0 each epoch)
+            if steps - self._saved_at >= self.every:
+                self._save(steps, next_epoch=False)
+                self._saved_at = steps
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self._save(0, next_epoch=True)
+
+        def _save(self, steps: int, *, next_epoch: bool) -> None:
+            it = None if self._source is None else self._source.current
+            if it is None or getattr(it, "_origin", None) is None:
+                raise UsageError("resume_callback: make the tf.data Dataset with its to_tf()")
+            plan, epoch, skipped = it._origin
+            if next_epoch:
+                state = _resume.make_state(plan, epoch + 1, 0, False)
+            else:
+                state = _resume.make_state(plan, epoch, skipped + steps, False)
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(state, f)
+            os.replace(tmp, self.path)  # a crash mid-write leaves the previous state whole
+
+    return StreamResume()

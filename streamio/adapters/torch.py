@@ -55,6 +55,7 @@ last batch (every record is used at least once; some twice); ``None`` does nothi
 from __future__ import annotations
 
 import collections
+import json
 import multiprocessing
 import os
 import secrets
@@ -199,6 +200,11 @@ class _EpochCounter:
             self._shared[_BASE] = epoch
             self._shared[_CALLS] = 0
 
+    def resumed(self, epoch: int) -> None:
+        """Epoch ``epoch`` is being resumed (its readers do not count here): the next
+        ``iter()`` reads ``epoch + 1``. Idempotent, so every worker of the epoch may call it."""
+        self.set(epoch + 1)
+
     def peek(self) -> int:
         with self._shared.get_lock():
             s = self._shared
@@ -307,6 +313,13 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._share_token = secrets.token_hex(8)
         self._parent_group: Optional[tuple[int, int]] = None
         self._last: Any = None  # the Dataset of the latest epoch iterated in this process
+        # Resume (state_dict/load_state_dict): the running epoch's iterator in this process, a
+        # state the next iter() resumes from, and how far the resumed epoch numbers are ahead
+        # of the PipeChannel FIFOs (a restarted SageMaker job's FIFOs start again at _0).
+        self._iterator: Any = None
+        self._started_epoch: Optional[int] = None  # the epoch of the latest iter() here
+        self._pending: Optional[tuple] = None  # (epoch, iterator state or None)
+        self._channel_shift = 0
         adopt = getattr(dataset, "_add_stats_provider", None)
         if adopt is not None:
             adopt(self)  # dataset.stats() then sees the epochs read here and in the workers
@@ -317,6 +330,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         state = self.__dict__.copy()
         state["_parent_group"] = _process_group() or self._parent_group
         state["_last"] = None
+        state["_iterator"] = None
         return state
 
     def latest_stats(self) -> Optional[tuple]:
@@ -369,17 +383,67 @@ class StreamDataset(torch.utils.data.IterableDataset):
                              "use DataLoader(num_workers=0) on a single process")
             ds = ds.shard(readers, index)
         for i, start in self._channel_starts.items():
-            sources[i].epoch = start + epoch
+            sources[i].epoch = start + epoch - self._channel_shift
         return ds
+
+    # -- resume: torchdata StatefulDataLoader / torch.distributed.checkpoint Stateful -----------
+    def state_dict(self) -> dict:
+        """Where this process's reading stands, as a small JSON-serialisable dict.
+
+        With ``DataLoader(num_workers=0)`` this is the epoch the loop is in; in a DataLoader
+        worker it is that worker's share, which is what torchdata's ``StatefulDataLoader``
+        collects from each worker (call ``loader.state_dict()`` there, not this).
+
+        ``{"streamio_torch": 1, "resume": TEXT}``, TEXT a JSON object: ``epoch`` and
+        ``iterator`` (``Dataset.iter_from``'s state, or None when this reader has begun its epoch
+        but delivered nothing: its worker mates may have, and it must rejoin that epoch; before
+        any ``iter()`` the epoch is None too, which restores nothing). One string, so that the
+        structure never changes: ``torch.distributed.checkpoint`` loads into the structure the
+        receiving object's ``state_dict()`` has."""
+        it = self._iterator
+        inner = {"epoch": self._started_epoch,
+                 "iterator": None if it is None else it.state_dict()}
+        return {"streamio_torch": 1, "resume": json.dumps(inner, sort_keys=True)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter()`` finish the epoch ``state`` was taken in, exactly (see
+        ``Dataset.iter_from``); the epochs after it count on from there."""
+        if not isinstance(state, dict) or state.get("streamio_torch") != 1:
+            raise UsageError("not a StreamDataset state (from StreamDataset.state_dict())")
+        try:
+            outer = json.loads(state["resume"])
+            inner = outer["iterator"]
+            epoch = outer["epoch"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"not a StreamDataset state: {exc!r}") from None
+        if epoch is None:
+            self._pending = None
+            return
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise UsageError(f"resume state: epoch must be an int >= 0, not {epoch!r}")
+        if inner is not None and not hasattr(self.dataset, "iter_from"):
+            raise UsageError("this Dataset cannot resume (it has no iter_from)")
+        self._pending = (epoch, None if inner is None else dict(inner))
+        self._epoch.resumed(epoch)
+        for i, start in self._channel_starts.items():
+            # The next FIFO this channel opens carries the resumed epoch.
+            self._channel_shift = epoch - (self.dataset.sources[i].epoch - start)
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         explicit = None if self.rank is None else (self.rank, self.world_size)
         rank, world_size = _distributed(explicit, self._parent_group)
-        epoch = self._epoch.take(num_workers)
+        pending, self._pending = self._pending, None
+        epoch = pending[0] if pending is not None else self._epoch.take(num_workers)
+        self._started_epoch = epoch
+        self._iterator = None
         ds = self.plan(epoch=epoch, rank=rank, world_size=world_size, worker=worker,
                        num_workers=num_workers)
+        if pending is not None and pending[1] is not None:
+            # Checked against this reader's plan (its shard, worker and rank) now, in __iter__,
+            # so a state from another worker layout fails here rather than resuming wrongly.
+            ds.load_state_dict(pending[1])
         # Pinned memory does not survive the trip from a worker to the main process (tensors go
         # through shared memory); there DataLoader(pin_memory=True) does the pinning.
         pin = self.pin_memory and info is None and torch.cuda.is_available()
@@ -388,15 +452,24 @@ class StreamDataset(torch.utils.data.IterableDataset):
             return self._generate(ds, pin)
         return self._generate_in_worker(ds, worker)
 
-    @staticmethod
-    def _generate(ds: Any, pin: bool) -> Iterator[Any]:
-        for batch in ds:
-            yield convert_batch(batch, pin_memory=pin)
+    def _generate(self, ds: Any, pin: bool) -> Iterator[Any]:
+        iterator = iter(ds)
+        self._iterator = iterator if hasattr(iterator, "state_dict") else None
+        try:
+            for batch in iterator:
+                yield convert_batch(batch, pin_memory=pin)
+        finally:
+            # Now, not when the iterator is collected: self._iterator keeps it (for
+            # state_dict(), which a closed iterator still answers) and its prefetch thread.
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
 
     def _generate_in_worker(self, ds: Any, worker: int) -> Iterator[Any]:
         """The worker's share, publishing its stats for the main process as it goes and when it
         ends (before the DataLoader learns that this worker is done)."""
         iterator = iter(ds)
+        self._iterator = iterator if hasattr(iterator, "state_dict") else None
         stats = getattr(ds, "_last_stats", None)
         if stats is None:  # not a streamio Dataset: nothing to publish
             yield from self._generate(iterator, False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -26,6 +27,7 @@ from ..errors import UsageError, UsageTypeError
 from ..reader import RecordReader, check_keywords, expand_sources
 from ..sources import check_source, source_name
 from . import parallel
+from . import resume as _resume
 from .prefetch import Prefetcher
 from .ranges import plan_range
 from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes, new_seed
@@ -89,10 +91,17 @@ class _Map:
     backend: str
     seed: Optional[int]
 
+    @property
+    def resume_order(self) -> Optional[str]:
+        # In order, a map's output is its function of the input (random draws come from the
+        # per-record seeds), so a replayed epoch is the same; as tasks finish, it is not.
+        return "preserve" if self.ordered else None
+
 
 @dataclass(frozen=True)
 class _Filter:
     predicate: Any
+    resume_order = "preserve"  # drops items, keeps the order of the rest
 
 
 @dataclass(frozen=True)
@@ -225,6 +234,7 @@ class Dataset:
 
     def _reset_runtime(self) -> None:
         self._epochs_started = 0
+        self.__dict__.pop("_pending_state", None)  # load_state_dict() is for this object only
         self._last_stats: Optional[EpochStats] = None
         # Adapters that read this Dataset elsewhere (DataLoader workers, a tf.data generator)
         # report their epochs here, so that stats() describes what happened. Held strongly (a
@@ -521,15 +531,51 @@ class Dataset:
         return empty_snapshot() if latest is None else latest[1]
 
     def __iter__(self) -> "EpochIterator":
+        pending = self.__dict__.pop("_pending_state", None)
+        if pending is not None:
+            return self.iter_from(pending)
         if self._context.epoch is not None:
             epoch = self._context.epoch
         else:
             epoch = self._epochs_started
         self._epochs_started += 1
+        return self._start(self, epoch, None)
+
+    def _start(self, plan: "Dataset", epoch: int, skip: Optional[_resume.FastForward]
+               ) -> "EpochIterator":
         stats = EpochStats(epoch)
         self._last_stats = stats
-        run = _EpochRun(self, epoch, stats)
-        return EpochIterator(run.build(), stats, batched=self._batched())
+        run = _EpochRun(plan, epoch, stats)
+        run.fast_forward = skip
+        it = EpochIterator(run.build(), stats, batched=self._batched())
+        it._origin = (plan, epoch, 0 if skip is None else skip.count)
+        return it
+
+    # -- resuming (see streamio.pipeline.resume) -------------------------------------------------
+    def iter_from(self, state: dict) -> "EpochIterator":
+        """Resume an epoch from ``EpochIterator.state_dict()``: the items not yet delivered
+        when the state was taken, in the order the uninterrupted epoch would have delivered
+        them (same epoch number, same seeds). The earlier ones are read and framed again but not
+        decoded. A state whose epoch had finished gives an empty iterator. Later ``iter()``
+        calls continue with the next epoch. See :mod:`streamio.pipeline.resume`."""
+        _resume.check_state(self, state)
+        plan = _resume.with_seeds(self, state["seeds"])
+        epoch = state["epoch"]
+        if self._context.epoch is None:
+            self._epochs_started = epoch + 1
+        skip = _resume.plan_fast_forward(plan._stages, plan._decoder is not None,
+                                         state["delivered"])
+        it = self._start(plan, epoch, skip)
+        if state.get("finished"):
+            it.close()
+            it._ended = True
+        return it
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter()`` resume from ``state`` (the same as :meth:`iter_from`,
+        for code that must call ``iter()`` itself). Checked now."""
+        _resume.check_state(self, state)
+        self._pending_state = dict(state)
 
 
 def _first_record(source: Any, ds: "Dataset") -> bytes:
@@ -569,11 +615,13 @@ class _EpochRun:
                              for s in record_stages)
         self.header: Optional[bytes] = None
         self.header_source: Optional[str] = None
+        self.fast_forward: Optional[_resume.FastForward] = None  # set by Dataset.iter_from
 
     def build(self) -> Iterator[tuple]:
         blocks: Iterator[tuple] = self.read_blocks()
         batched = False
         stages = self.ds._stages
+        ff = self.fast_forward
         for position, stage in enumerate(stages):
             if isinstance(stage, _Shuffle):
                 blocks = self.shuffle(blocks, stage.buffer_size, stage.buffer_bytes, stage.seed,
@@ -589,7 +637,12 @@ class _EpochRun:
                     # bound counted only the slices.
                     together = not any(isinstance(later, (_Shuffle, _ShuffleBatches))
                                        for later in stages[position + 1:])
-                    blocks = self.decode_blocks(blocks, together)
+                    if ff is not None and ff.mode == "before_decode":
+                        blocks = _resume.drop_batches(blocks, ff.count)  # never decoded
+                    if ff is not None and ff.mode == "lazy":
+                        blocks = _resume.defer_decode(blocks)
+                    else:
+                        blocks = self.decode_blocks(blocks, together)
             elif isinstance(stage, _Prefetch):
                 blocks = Prefetcher(blocks, stage.n, size_of=estimate_nbytes)
             elif isinstance(stage, _Map):
@@ -607,6 +660,10 @@ class _EpochRun:
                 blocks = _take(blocks, stage.n)
             else:  # pragma: no cover - every stage type is handled above
                 raise TypeError(f"unknown stage {stage!r}")
+            if ff is not None and ff.mode == "lazy" and ff.position == position:
+                blocks = _resume.mark_and_decode(blocks, ff.keep, ff.count, self.decode)
+        if ff is not None and ff.mode in ("end", "lazy"):
+            blocks = _skip(blocks, ff.count)  # the items the consumer already has
         return blocks
 
     def place(self, position: int) -> "parallel.MapPlace":
@@ -923,6 +980,11 @@ class EpochIterator:
         self._stats = stats
         self._batched = batched
         self._items: Iterator[Any] = iter(())
+        # For state_dict(): items in the blocks before the current one, the current one's size.
+        self._handed = 0
+        self._block_len = 0
+        self._ended = False
+        self._origin: Optional[tuple] = None  # (Dataset, epoch, items skipped by a resume)
 
     def __iter__(self) -> "EpochIterator":
         return self
@@ -946,11 +1008,14 @@ class EpochIterator:
                 items = next(blocks)[0]
                 if items:
                     break
-        except BaseException:
+        except BaseException as exc:
             stats.wait_s += clock() - t0
+            self._ended = isinstance(exc, StopIteration)
             self.close()
             raise
         stats.wait_s += clock() - t0
+        self._handed += self._block_len
+        self._block_len = len(items)
         if self._batched:
             stats.batches += len(items)
             stats.records += sum(map(_batch_rows, items))
@@ -966,11 +1031,27 @@ class EpochIterator:
         if blocks is None:
             return
         self._blocks = None
+        self._handed = self.delivered
+        self._block_len = 0
         self._items = iter(())
         try:
             _close(blocks)
         finally:
             self._stats.finish()
+
+    @property
+    def delivered(self) -> int:
+        """Items (records, or batches) this iterator has handed out."""
+        return self._handed + self._block_len - operator.length_hint(self._items)
+
+    def state_dict(self) -> dict:
+        """Where this epoch stands, as a small JSON-serialisable dict: pass it to
+        :meth:`Dataset.iter_from` (in this process or a new one, with the Dataset built the
+        same way) to get the rest of the epoch exactly. See :mod:`streamio.pipeline.resume`."""
+        if self._origin is None:
+            raise UsageError("this iterator was not made by a Dataset: it has no resume state")
+        ds, epoch, skipped = self._origin
+        return _resume.make_state(ds, epoch, skipped + self.delivered, self._ended)
 
     def __del__(self) -> None:
         try:
