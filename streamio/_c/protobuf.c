@@ -606,6 +606,22 @@ static Py_ssize_t decode_varint_pieces(const record_set *rs, const piece_vec *v,
     return m;
 }
 
+/* One pass over a varint piece: how many varints it holds, and whether it is one that
+ * check_varint_pieces would refuse (ends inside a varint, or holds one over 10 bytes). */
+static int piece_scan(const unsigned char *p, Py_ssize_t n, Py_ssize_t *count)
+{
+    Py_ssize_t c = 0, run = 0;
+    int bad = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int more = p[k] >= 0x80;
+        c += !more;
+        run = more ? run + 1 : 0;
+        bad |= run >= WIRE_MAX_VARINT_BYTES;
+    }
+    *count = c;
+    return bad | piece_ends_inside(p, n);
+}
+
 static Py_ssize_t varint_total(const record_set *rs, const piece_vec *v)
 {
     Py_ssize_t total = 0;
@@ -658,24 +674,22 @@ static PyObject *bytes_values(const record_set *rs, const piece_vec *v)
     return list;
 }
 
-/* varint pieces -> (validated) array of ``dtype`` ("=i8" int64 or "=u8" uint64) */
-static PyObject *varint_values(const record_set *rs, const piece_vec *v, const char *dtype)
+/* varint pieces -> (validated) array of ``dtype`` ("=i8" int64 or "=u8" uint64). ``total``: their
+ * number of varints if the caller counted them, else -1. */
+static PyObject *varint_values(const record_set *rs, const piece_vec *v, const char *dtype,
+                               Py_ssize_t total)
 {
-    Py_ssize_t total = varint_total(rs, v), nbytes;
+    Py_ssize_t nbytes;
     char *data;
+    if (total < 0)
+        total = varint_total(rs, v);
     if (checked_mul(total, 8, &nbytes) < 0)
         return NULL;
     PyObject *ba = new_storage(nbytes, &data);
     if (ba == NULL)
         return NULL;
-    uint64_t *out = alloc_items(total, sizeof(uint64_t));
-    if (out == NULL) {
-        Py_DECREF(ba);
-        return NULL;
-    }
-    decode_varint_pieces(rs, v, out);
-    memcpy(data, out, (size_t)total * 8);
-    PyMem_Free(out);
+    /* a bytearray's storage is malloc'ed: aligned for uint64_t */
+    decode_varint_pieces(rs, v, (uint64_t *)data);
     PyObject *arr = array_from(ba, dtype);
     Py_DECREF(ba);
     return arr;
@@ -945,7 +959,7 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
                 Py_XDECREF(field);
                 goto done;
             }
-            flat = varint_values(&rs, &pieces[j], "=i8");
+            flat = varint_values(&rs, &pieces[j], "=i8", -1);
         } else {
             flat = bytes_values(&rs, &pieces[j]);
         }
@@ -1054,6 +1068,8 @@ static int value_kind(const unsigned char *b, const span *spans, Py_ssize_t nspa
 /* The three streams of one tensor: 0 values, 1 keys, 2 shape. */
 typedef struct {
     piece_vec stream[3];
+    Py_ssize_t total[3]; /* varints in each varint stream, counted as the pieces are found */
+    int bad[3];          /* a piece of that stream fails check_varint_pieces: report it later */
 } tensor_pieces;
 
 /* A tensor's values, keys and shape pieces for record ``rec``, counting as it goes. The pieces
@@ -1118,8 +1134,12 @@ static int tensor_values(const unsigned char *b, int kind, const span_vec *tenso
                 counts[0] += (stop - start) >> 2;
             else if (stream == 0 && kind == RKIND_FLOAT64)
                 counts[0] += (stop - start) >> 3;
-            else
-                counts[stream] += piece_varint_count(b + start, stop - start);
+            else {
+                Py_ssize_t c;
+                out->bad[stream] |= piece_scan(b + start, stop - start, &c);
+                out->total[stream] += c;
+                counts[stream] += c;
+            }
         }
     }
     return 0;
@@ -1357,7 +1377,9 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
         for (int st = (kinds[j] == RKIND_INT32 ? 0 : 1); st < 3; st++) {
             const char *message;
             Py_ssize_t owner;
-            if (check_varint_pieces(&rs, &pieces[j].stream[st], &message, &owner) < 0) {
+            /* the record loop scanned every piece: only a flagged stream needs the full check */
+            if (pieces[j].bad[st]
+                && check_varint_pieces(&rs, &pieces[j].stream[st], &message, &owner) < 0) {
                 PyObject *field = recordio_field_name(PyTuple_GET_ITEM(names_seq, j));
                 if (field != NULL)
                     raise_wire_error(message, first_bad_owner(&rs, &pieces[j], kinds[j]), field);
@@ -1372,7 +1394,8 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             flat = fixed_values(&rs, &pieces[j].stream[0], 8, "<f8");
         } else if (kinds[j] == RKIND_INT32) {
             /* int32 varints are sign-extended to 64 bits; protobuf keeps the low 32 */
-            PyObject *wide = varint_values(&rs, &pieces[j].stream[0], "=u8");
+            PyObject *wide = varint_values(&rs, &pieces[j].stream[0], "=u8",
+                                           pieces[j].total[0]);
             flat = NULL;
             if (wide != NULL) {
                 PyObject *low = PyObject_CallMethod(wide, "astype", "s", "=u4");
@@ -1389,7 +1412,7 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             goto done;
         PyList_SET_ITEM(lists[0], j, flat);
         for (int st = 1; st < 3; st++) {
-            PyObject *arr = varint_values(&rs, &pieces[j].stream[st], "=u8");
+            PyObject *arr = varint_values(&rs, &pieces[j].stream[st], "=u8", pieces[j].total[st]);
             if (arr == NULL)
                 goto done;
             PyList_SET_ITEM(lists[st], j, arr);
