@@ -1105,3 +1105,139 @@ def test_a_gzip_of_zeros_read_under_skip_ends_with_every_byte_skipped(tmp_path, 
     assert list(reader) == []
     assert reader.stats.skipped_bytes == 10 * 1024 * 1024
     assert list(streamio.read_records(str(path), fmt, on_error="skip")) == []
+
+
+# -- parse_sequence_examples (issue #14, item 2) ----------------------------------------------------
+
+@st.composite
+def feature_list(draw) -> bytes:
+    """A FeatureList: 0-4 steps (Features, some empty), maybe unknown fields between them."""
+    parts = [_field(1, 2, draw(feature())) for _ in range(draw(st.integers(0, 4)))]
+    if draw(st.booleans()):
+        parts.insert(draw(st.integers(0, len(parts))), draw(unknown_fields))
+    return b"".join(parts)
+
+
+def _entries(draw, value) -> list:
+    entries = []
+    for _ in range(draw(st.integers(0, 4))):
+        key = draw(st.sampled_from(EXAMPLE_KEYS))
+        entry = _field(1, 2, key) + _field(2, 2, draw(value))
+        if draw(st.integers(0, 9)) == 0:  # a value given twice in one entry: merged
+            entry += _field(2, 2, draw(value))
+        entries.append(_field(1, 2, entry))
+    if draw(st.booleans()):
+        entries.append(draw(unknown_fields))
+    return entries
+
+
+@st.composite
+def sequence_record(draw) -> bytes:
+    """A SequenceExample: context (Features) and feature_lists (FeatureLists), each sometimes
+    split in two occurrences (merged) or absent, in any order with unknown fields."""
+    body = []
+    for number, value in ((1, feature()), (2, feature_list())):
+        entries = _entries(draw, value)
+        cut = draw(st.integers(0, len(entries)))
+        if entries or draw(st.booleans()):
+            body.append(_field(number, 2, b"".join(entries[:cut])))
+        if cut < len(entries):
+            body.append(_field(number, 2, b"".join(entries[cut:])))
+    body.append(draw(unknown_fields))
+    return b"".join(draw(st.permutations(body)))
+
+
+sequence_batches = st.lists(st.one_of(sequence_record(), sequence_record(), sequence_record(),
+                                      mutated_record(sequence_record()), st.binary(max_size=30)),
+                            max_size=8)
+
+
+def _sequence_reference():
+    example = pytest.importorskip("streamio.decoders.example")
+    if not hasattr(speedups, "parse_sequence_examples"):
+        pytest.skip("this build has no parse_sequence_examples kernel")
+    return example.parse_sequence_examples
+
+
+def _sequence_args(context, sequence):
+    return (tuple(n for n, _ in context), tuple(k for _, k in context),
+            tuple(n for n, _ in sequence), tuple(k for _, k in sequence))
+
+
+@SLOW_OK
+@given(records=sequence_batches, context=example_specs, sequence=example_specs)
+def test_parse_sequence_examples_equals_reference(records, context, sequence):
+    reference = _sequence_reference()
+    args = _sequence_args(context, sequence)
+    assert _outcome(speedups.parse_sequence_examples, records, *args) == \
+        _outcome(reference, records, *args)
+
+
+@SLOW_OK
+@given(records=st.lists(sequence_record(), max_size=8), context=example_specs,
+       sequence=example_specs)
+def test_parse_sequence_examples_equals_reference_on_valid_records(records, context, sequence):
+    reference = _sequence_reference()
+    args = _sequence_args(context, sequence)
+    assert _outcome(speedups.parse_sequence_examples, records, *args) == \
+        _outcome(reference, records, *args)
+
+
+def _sequence_example_of(i: int, steps: int) -> bytes:
+    """context: f (float32[2]), n (int64); feature lists: a (float32[3] a step), b (int64 a step)."""
+    def entry(key, value):
+        return _field(1, 2, _field(1, 2, key) + _field(2, 2, value))
+
+    context = (entry(b"f", _field(2, 2, _field(1, 2, struct.pack("<2f", i, 0.5))))
+               + entry(b"n", _field(3, 2, _field(1, 2, _varint(i)))))
+    a = b"".join(_field(1, 2, _field(2, 2, _field(1, 2, struct.pack("<3f", i, t, -t))))
+                 for t in range(steps))
+    b = b"".join(_field(1, 2, _field(3, 2, _field(1, 2, _varint(i * 100 + t)))) for t in range(steps))
+    return _field(1, 2, context) + _field(2, 2, entry(b"a", a) + entry(b"b", b))
+
+
+def test_parse_sequence_examples_reads_what_tensorflow_writes_and_names_errors():
+    import numpy as np
+
+    reference = _sequence_reference()
+    records = [_sequence_example_of(i, i % 5) for i in range(300)]
+    args = ((b"f", b"n"), (2, 3), (b"a", b"b"), (2, 3))
+    got = speedups.parse_sequence_examples(records, *args)
+    assert _outcome(speedups.parse_sequence_examples, records, *args) == \
+        _outcome(reference, records, *args)
+    c_values, c_counts, s_values, s_steps, step_counts = got
+    assert c_values[1].tolist() == list(range(300))
+    assert s_steps[:, 0].tolist() == [i % 5 for i in range(300)]
+    assert (step_counts[0] == 3).all() and (step_counts[1] == 1).all()
+    np.testing.assert_array_equal(s_values[1], [i * 100 + t for i in range(300) for t in range(i % 5)])
+    # errors from inside the GIL-free loop: the record and the feature (list) named
+    bad = list(records)
+    bad[250] = b"\x0a\x05ab"
+    expected = ("error", "length-delimited field runs past the end of its message", 250, None)
+    assert _outcome(speedups.parse_sequence_examples, bad, *args) == expected
+    assert _outcome(reference, bad, *args) == expected
+    wrong = list(records)  # record 299's list "b" holds floats
+    wrong[299] = _field(2, 2, _field(1, 2, _field(1, 2, b"b") + _field(2, 2, _field(
+        1, 2, _field(2, 2, b"")))))
+    got = _outcome(speedups.parse_sequence_examples, wrong, *args)
+    assert got == _outcome(reference, wrong, *args)
+    assert got[2:] == (299, "b")
+    cut = list(records)  # record 120's int64 list ends inside a varint: found after the loop
+    cut[120] = _field(2, 2, _field(1, 2, _field(1, 2, b"b") + _field(2, 2, _field(
+        1, 2, _field(3, 2, _field(1, 2, b"\x81"))))))
+    got = _outcome(speedups.parse_sequence_examples, cut, *args)
+    assert got == _outcome(reference, cut, *args)
+    assert got[2:] == (120, "b")
+
+
+def test_parse_sequence_examples_lets_other_threads_run_and_checks_arguments():
+    _sequence_reference()
+    records = [_sequence_example_of(i, 20) for i in range(5_000)]
+    args = ((b"f", b"n"), (2, 3), (b"a", b"b"), (2, 3))
+    assert _runs_beside(lambda: speedups.parse_sequence_examples(records, *args))
+    with pytest.raises(ValueError):
+        speedups.parse_sequence_examples(records, (b"f",), (2, 3), (), ())
+    with pytest.raises(ValueError):
+        speedups.parse_sequence_examples(records, (), (), (b"a",), (4,))
+    with pytest.raises(TypeError):
+        speedups.parse_sequence_examples(records, (), (), ("a",), (2,))

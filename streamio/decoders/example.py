@@ -44,6 +44,10 @@ try:  # the C kernel (streamio/_c/protobuf.c); tests/test_speedups.py holds it t
     from .._speedups import parse_examples as _c_parse_examples
 except ImportError:  # pragma: no cover - depends on the build
     _c_parse_examples = None
+try:  # the same file; tests/test_speedups.py holds it to parse_sequence_examples
+    from .._speedups import parse_sequence_examples as _c_parse_sequence_examples
+except ImportError:  # pragma: no cover - depends on the build (or an older one)
+    _c_parse_sequence_examples = None
 
 __all__ = [
     "Example",
@@ -950,7 +954,8 @@ class SequenceExample:
                      first_index: int = 0) -> Dict[str, Union[np.ndarray, SparseBatch]]:
         where = _Where(source, first_index)
         try:
-            c_values, c_counts, s_values, s_steps, step_counts = parse_sequence_examples(
+            parse = _c_parse_sequence_examples or parse_sequence_examples
+            c_values, c_counts, s_values, s_steps, step_counts = parse(
                 records, self._c_names, self._c_kinds, self._s_names, self._s_kinds)
         except WireError as exc:
             raise where.error(f"not a valid tf.train.SequenceExample: {exc.message}",
