@@ -1241,3 +1241,57 @@ def test_parse_sequence_examples_lets_other_threads_run_and_checks_arguments():
         speedups.parse_sequence_examples(records, (), (), (b"a",), (4,))
     with pytest.raises(TypeError):
         speedups.parse_sequence_examples(records, (), (), ("a",), (2,))
+
+
+@SLOW_OK
+@given(steps=st.lists(st.integers(0, 5), max_size=7),
+       spec=st.sampled_from([((), "float32"), ((2,), "int64"), ((2, 3), "float32"), ((2,), "bytes"),
+                             ((0,), "float32"), ((3,), "int32")]),
+       default=st.booleans(), kernel=st.booleans(), data=st.data())
+def test_sequence_example_pads_fixed_len_steps_as_a_per_record_loop_does(steps, spec, default,
+                                                                         kernel, data):
+    """The whole-batch placement of FixedLen sequence steps (decode_batch, C kernel or not)
+    against the obvious loop: record r's steps at out[r, :steps[r]], the rest the default."""
+    import numpy as np
+
+    from streamio.decoders import example
+
+    shape, dtype = spec
+    n = int(np.prod(shape))
+    values = [[[data.draw(st.binary(max_size=3)) if dtype == "bytes" else
+                data.draw(st.integers(-2 ** 31, 2 ** 31 - 1)) for _ in range(n)]
+               for _ in range(k)] for k in steps]
+    pad = ([b"p"] * n if dtype == "bytes" else [7] * n) if default else None
+
+    def step(vals):
+        if dtype == "bytes":
+            return _field(1, 2, b"".join(_field(1, 2, v) for v in vals))
+        if dtype == "float32":
+            return _field(2, 2, _field(1, 2, struct.pack("<%df" % n, *vals)))
+        return _field(3, 2, _field(1, 2, b"".join(_varint(v) for v in vals)))
+
+    records = [_field(2, 2, _field(1, 2, _field(1, 2, b"s") + _field(2, 2, b"".join(
+        _field(1, 2, step(v)) for v in rec)))) for rec in values]
+    spec_obj = example.FixedLen(shape, dtype, default=None if pad is None else
+                                np.array(pad, dtype=object if dtype == "bytes" else dtype)
+                                .reshape(shape), allow_missing=True)
+    decoder = example.SequenceExample(sequence={"s": spec_obj})
+    saved = example._c_parse_sequence_examples
+    if not kernel:
+        example._c_parse_sequence_examples = None
+    try:
+        got = decoder.decode_batch(records)
+    finally:
+        example._c_parse_sequence_examples = saved
+    longest = max(steps, default=0)
+    np_dtype = object if dtype == "bytes" else np.dtype(dtype)
+    expected = np.empty((len(steps), longest, n), dtype=np_dtype)
+    expected[...] = np.array(pad if pad is not None else ([b""] * n if dtype == "bytes" else [0] * n),
+                             dtype=np_dtype)
+    for r, rec in enumerate(values):
+        for t, vals in enumerate(rec):
+            expected[r, t] = np.array(vals, dtype=np_dtype) if n else expected[r, t]
+    assert got["s"].dtype == np_dtype
+    assert got["s"].shape == (len(steps), longest) + shape
+    assert got["s"].reshape(len(steps), longest, n).tolist() == expected.tolist()
+    assert got["s_len"].tolist() == steps
