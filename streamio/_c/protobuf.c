@@ -1036,6 +1036,10 @@ typedef struct {
     piece_vec *pieces; /* per feature; piece.rec is the record (for the bytes and for errors) */
     i64_vec *steps;    /* feature lists: values in each step, over the batch */
     int64_t *counts;   /* (records, n): context values / feature-list steps; -1 absent */
+    /* int64 features: whether the pieces need check_varint_pieces (some came from the general
+     * walker, or piece_scan flagged one) and, if not, how many varints they hold */
+    char *vcheck;
+    Py_ssize_t *vtotal;
     int have_ix, have_found;
 } seq_half;
 
@@ -1058,6 +1062,8 @@ static void seq_release(seq_state *st)
         PyMem_Free(s->steps);
         PyMem_Free(s->kinds);
         PyMem_Free(s->counts);
+        PyMem_Free(s->vcheck);
+        PyMem_Free(s->vtotal);
         if (s->have_ix)
             names_release(&s->ix);
         if (s->have_found)
@@ -1099,7 +1105,9 @@ static int seq_half_init(seq_half *s, PyObject *kinds_seq, Py_ssize_t nrec, int 
     s->kinds = alloc_items(s->n, sizeof(int));
     s->pieces = s->kinds ? PyMem_Calloc(s->n ? s->n : 1, sizeof(piece_vec)) : NULL;
     s->steps = s->pieces && steps ? PyMem_Calloc(s->n ? s->n : 1, sizeof(i64_vec)) : NULL;
-    if (s->pieces == NULL || (steps && s->steps == NULL)) {
+    s->vcheck = s->pieces ? PyMem_Calloc(s->n ? s->n : 1, 1) : NULL;
+    s->vtotal = s->vcheck ? PyMem_Calloc(s->n ? s->n : 1, sizeof(Py_ssize_t)) : NULL;
+    if (s->vtotal == NULL || (steps && s->steps == NULL)) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         return -1;
@@ -1171,8 +1179,62 @@ static int seq_context(const unsigned char *b, Py_ssize_t i, seq_state *st, Py_s
         int64_t count = 0;
         rc = list_values(b, kind, &st->lists, i, &s->pieces[j], &count, err);
         s->counts[i * s->n + j] = count;
+        s->vcheck[j] = 1;
     }
     return rc;
+}
+
+/* A step as every writer emits it: Feature { <kind> = { value = 1: packed bytes } }, both
+ * lengths one byte, nothing else. Then the general walkers (feature_kind, list_values) would
+ * find ``kind`` and the one piece [*start, end): 1 and those, else 0 (the caller walks it). */
+static inline int plain_step(const unsigned char *b, Py_ssize_t s, Py_ssize_t e, int *kind,
+                             Py_ssize_t *start)
+{
+    if (e - s < 4 || (b[s] != 0x0A && b[s] != 0x12 && b[s] != 0x1A))
+        return 0;
+    if (b[s + 1] >= 0x80 || b[s + 1] != e - s - 2 || b[s + 2] != 0x0A || b[s + 3] != e - s - 4)
+        return 0;
+    if (b[s] == 0x12 && ((e - s - 4) & 3)) /* not whole floats: the walker words the error */
+        return 0;
+    *kind = b[s] >> 3;
+    *start = s + 4;
+    return 1;
+}
+
+/* The values of one step [s, e) of feature list j of record i: pieces and their count. */
+static int seq_step(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, Py_ssize_t s,
+                    Py_ssize_t e, seq_state *st, wire_err *err)
+{
+    seq_half *h = &st->half[1];
+    span step = {s, e};
+    int kind, rc;
+    int64_t count = 0;
+    Py_ssize_t start;
+    if (plain_step(b, s, e, &kind, &start)) {
+        if (kind != h->kinds[j])
+            return kind_mismatch(kind, h->kinds[j], err);
+        if (pv_push(&h->pieces[j], i, start, e - start) < 0)
+            return -2;
+        if (kind == KIND_FLOAT) {
+            count = (e - start) >> 2;
+        } else if (kind == KIND_BYTES) {
+            count = 1;
+        } else {
+            Py_ssize_t c;
+            h->vcheck[j] |= piece_scan(b + start, e - start, &c);
+            h->vtotal[j] += c;
+            count = c;
+        }
+    } else {
+        if ((rc = feature_kind(b, &step, 1, &kind, &st->lists, err)) < 0)
+            return rc;
+        if (kind != h->kinds[j] && kind != 0)
+            return kind_mismatch(kind, h->kinds[j], err);
+        if ((rc = list_values(b, kind, &st->lists, i, &h->pieces[j], &count, err)) < 0)
+            return rc;
+        h->vcheck[j] = 1;
+    }
+    return iv_push(&h->steps[j], count) < 0 ? -2 : 0;
 }
 
 /* The steps of feature list j in record i: each Feature of the FeatureList is one step (an
@@ -1187,8 +1249,8 @@ static int seq_steps(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, seq_sta
         Py_ssize_t pos = spans[k].start, end = spans[k].stop;
         while (pos < end) {
             uint64_t tag;
-            span step;
-            int kind, rc;
+            Py_ssize_t start, stop;
+            int rc;
             if (rd_tag(b, &pos, end, &tag, err) < 0)
                 return -1;
             if (tag != 0x0A) {
@@ -1196,18 +1258,11 @@ static int seq_steps(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, seq_sta
                     return -1;
                 continue;
             }
-            if (rd_len(b, pos, end, &step.start, &step.stop, err) < 0)
+            if (rd_len(b, pos, end, &start, &stop, err) < 0)
                 return -1;
-            pos = step.stop;
-            if ((rc = feature_kind(b, &step, 1, &kind, &st->lists, err)) < 0)
+            pos = stop;
+            if ((rc = seq_step(b, i, j, start, stop, st, err)) < 0)
                 return rc;
-            if (kind != s->kinds[j] && kind != 0)
-                return kind_mismatch(kind, s->kinds[j], err);
-            int64_t count = 0;
-            if ((rc = list_values(b, kind, &st->lists, i, &s->pieces[j], &count, err)) < 0)
-                return rc;
-            if (iv_push(&s->steps[j], count) < 0)
-                return -2;
             steps++;
         }
     }
@@ -1250,6 +1305,8 @@ static PyObject *seq_values(const seq_state *st, const seq_half *s, Py_ssize_t j
         return bytes_values(&st->rs, v);
     const char *message;
     Py_ssize_t owner;
+    if (!s->vcheck[j]) /* every piece scanned, none flagged, and counted */
+        return varint_values(&st->rs, v, "=i8", s->vtotal[j]);
     if (check_varint_pieces(&st->rs, v, &message, &owner) < 0) {
         PyObject *field = field_name(PyTuple_GET_ITEM(s->names, j));
         if (field != NULL)
