@@ -1295,3 +1295,75 @@ def test_sequence_example_pads_fixed_len_steps_as_a_per_record_loop_does(steps, 
     assert got["s"].shape == (len(steps), longest) + shape
     assert got["s"].reshape(len(steps), longest, n).tolist() == expected.tolist()
     assert got["s_len"].tolist() == steps
+
+
+# -- sparse RecordIO-protobuf through decode_batch (issue #14, item 2) -------------------------------
+
+HOSTILE_KEYS = [0, 1, 5, 9, 10, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1]
+HOSTILE_SHAPES = [None, [10], [10], [10], [2, 5], [], [0], [2 ** 64 - 1], [2 ** 32, 2 ** 32],
+                  [2 ** 63], [11]]
+
+
+@st.composite
+def sparse_record(draw) -> bytes:
+    """A Record whose features["x"] is a float32 tensor with keys and a shape, mostly sound
+    (10 wide), sometimes hostile: keys beyond the shape or >= 2**63, dims that are negative on
+    the wire or whose product overflows, as many keys as values or not; plus a dense label."""
+    n = draw(st.integers(0, 4))
+    keys = sorted(draw(st.lists(st.sampled_from(HOSTILE_KEYS[:5]), min_size=n, max_size=n)))
+    if draw(st.integers(0, 4)) == 0:
+        keys.append(draw(st.sampled_from(HOSTILE_KEYS)))
+    nvalues = len(keys) if draw(st.integers(0, 5)) else draw(st.integers(0, 5))
+    shape = draw(st.sampled_from(HOSTILE_SHAPES))
+    tensor = _field(1, 2, struct.pack("<%df" % nvalues, *range(nvalues)))
+    if keys or draw(st.booleans()):
+        tensor += _field(2, 2, b"".join(_varint(k) for k in keys))
+    if shape is not None:
+        tensor += _field(3, 2, b"".join(_varint(d) for d in shape))
+    value = _field(2, 2, tensor)  # Value.float32_tensor
+    label = _field(2, 2, _field(1, 2, struct.pack("<f", 1.0)))
+    return (_field(1, 2, _field(1, 2, b"x") + _field(2, 2, value))
+            + _field(2, 2, _field(1, 2, b"y") + _field(2, 2, label)))
+
+
+SOUND_SPARSE = (_field(1, 2, _field(1, 2, b"x") + _field(2, 2, _field(2, 2, _field(
+    1, 2, struct.pack("<2f", 1, 2)) + _field(2, 2, b"\x01\x07") + _field(3, 2, b"\x0a"))))
+    + _field(2, 2, _field(1, 2, b"y") + _field(2, 2, _field(2, 2, _field(1, 2, b"\0\0\x80?")))))
+
+
+def _sparse_outcome(records, kernel: bool, shortcut: bool):
+    from streamio.decoders import recordio_protobuf as rp
+    from streamio.errors import DecodeError
+
+    saved = rp._c_parse_recordio_protobuf, rp._plain_sparse_column
+    if not kernel:
+        rp._c_parse_recordio_protobuf = None
+    if not shortcut:
+        rp._plain_sparse_column = lambda *args: None
+    try:
+        decoder = rp.RecordIOProtobuf()
+        try:
+            out = decoder.decode_batch(records, source="s.rec", first_index=100)
+        except DecodeError as exc:
+            return ("error", str(exc), exc.record_index, exc.field)
+    finally:
+        rp._c_parse_recordio_protobuf, rp._plain_sparse_column = saved
+    x = out["x"]
+    return ("ok", type(x).__name__, x.shape, [_normalize(a) for a in
+            ((x.indptr, x.indices, x.values) if hasattr(x, "indptr") else (x,))],
+            _normalize(out["label_y"]))
+
+
+@SLOW_OK
+@given(records=st.lists(st.one_of(sparse_record(), st.just(SOUND_SPARSE)), min_size=1,
+                        max_size=40).map(lambda rs: [SOUND_SPARSE] + rs))
+def test_sparse_recordio_protobuf_same_batches_and_errors_on_every_path(records):
+    """C kernel or reference parser, whole-batch shortcut or general assembly: the same CSR
+    arrays, or the same DecodeError naming the source, record and tensor (hostile shapes and
+    keys included: the first record is sound, so each fault is met in a later one)."""
+    _protobuf_reference()
+    outcomes = {(k, s): _sparse_outcome(records, k, s) for k in (True, False) for s in (True, False)}
+    assert len(set(map(repr, outcomes.values()))) == 1, outcomes
+    got = outcomes[(True, True)]
+    if got[0] == "error":
+        assert "s.rec" in got[1] and got[2] is not None and got[2] >= 100 and got[3] == "x"
