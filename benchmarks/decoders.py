@@ -104,7 +104,7 @@ def _streamio_cases(records_seq: list, records_sparse: list) -> dict:
 
     def with_kernel(module, attr, kernel, decode):
         def run(batch):
-            saved = getattr(module, attr)
+            saved = getattr(module, attr, None)
             setattr(module, attr, kernel)
             try:
                 return decode(batch)
@@ -112,7 +112,8 @@ def _streamio_cases(records_seq: list, records_sparse: list) -> dict:
                 setattr(module, attr, saved)
         return run
 
-    c_seq, c_rp = example._c_parse_sequence_examples, recordio_protobuf._c_parse_recordio_protobuf
+    c_seq = getattr(example, "_c_parse_sequence_examples", None)  # None: an older tree
+    c_rp = recordio_protobuf._c_parse_recordio_protobuf
     cases = {}
     if c_seq is not None:
         cases["sequence/streamio-C"] = (seq.decode_batch, records_seq)
