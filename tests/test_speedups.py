@@ -1105,3 +1105,265 @@ def test_a_gzip_of_zeros_read_under_skip_ends_with_every_byte_skipped(tmp_path, 
     assert list(reader) == []
     assert reader.stats.skipped_bytes == 10 * 1024 * 1024
     assert list(streamio.read_records(str(path), fmt, on_error="skip")) == []
+
+
+# -- parse_sequence_examples (issue #14, item 2) ----------------------------------------------------
+
+@st.composite
+def feature_list(draw) -> bytes:
+    """A FeatureList: 0-4 steps (Features, some empty), maybe unknown fields between them."""
+    parts = [_field(1, 2, draw(feature())) for _ in range(draw(st.integers(0, 4)))]
+    if draw(st.booleans()):
+        parts.insert(draw(st.integers(0, len(parts))), draw(unknown_fields))
+    return b"".join(parts)
+
+
+def _entries(draw, value) -> list:
+    entries = []
+    for _ in range(draw(st.integers(0, 4))):
+        key = draw(st.sampled_from(EXAMPLE_KEYS))
+        entry = _field(1, 2, key) + _field(2, 2, draw(value))
+        if draw(st.integers(0, 9)) == 0:  # a value given twice in one entry: merged
+            entry += _field(2, 2, draw(value))
+        entries.append(_field(1, 2, entry))
+    if draw(st.booleans()):
+        entries.append(draw(unknown_fields))
+    return entries
+
+
+@st.composite
+def sequence_record(draw) -> bytes:
+    """A SequenceExample: context (Features) and feature_lists (FeatureLists), each sometimes
+    split in two occurrences (merged) or absent, in any order with unknown fields."""
+    body = []
+    for number, value in ((1, feature()), (2, feature_list())):
+        entries = _entries(draw, value)
+        cut = draw(st.integers(0, len(entries)))
+        if entries or draw(st.booleans()):
+            body.append(_field(number, 2, b"".join(entries[:cut])))
+        if cut < len(entries):
+            body.append(_field(number, 2, b"".join(entries[cut:])))
+    body.append(draw(unknown_fields))
+    return b"".join(draw(st.permutations(body)))
+
+
+sequence_batches = st.lists(st.one_of(sequence_record(), sequence_record(), sequence_record(),
+                                      mutated_record(sequence_record()), st.binary(max_size=30)),
+                            max_size=8)
+
+
+def _sequence_reference():
+    example = pytest.importorskip("streamio.decoders.example")
+    if not hasattr(speedups, "parse_sequence_examples"):
+        pytest.skip("this build has no parse_sequence_examples kernel")
+    return example.parse_sequence_examples
+
+
+def _sequence_args(context, sequence):
+    return (tuple(n for n, _ in context), tuple(k for _, k in context),
+            tuple(n for n, _ in sequence), tuple(k for _, k in sequence))
+
+
+@SLOW_OK
+@given(records=sequence_batches, context=example_specs, sequence=example_specs)
+def test_parse_sequence_examples_equals_reference(records, context, sequence):
+    reference = _sequence_reference()
+    args = _sequence_args(context, sequence)
+    assert _outcome(speedups.parse_sequence_examples, records, *args) == \
+        _outcome(reference, records, *args)
+
+
+@SLOW_OK
+@given(records=st.lists(sequence_record(), max_size=8), context=example_specs,
+       sequence=example_specs)
+def test_parse_sequence_examples_equals_reference_on_valid_records(records, context, sequence):
+    reference = _sequence_reference()
+    args = _sequence_args(context, sequence)
+    assert _outcome(speedups.parse_sequence_examples, records, *args) == \
+        _outcome(reference, records, *args)
+
+
+def _sequence_example_of(i: int, steps: int) -> bytes:
+    """context: f (float32[2]), n (int64); feature lists: a (float32[3] a step), b (int64 a step)."""
+    def entry(key, value):
+        return _field(1, 2, _field(1, 2, key) + _field(2, 2, value))
+
+    context = (entry(b"f", _field(2, 2, _field(1, 2, struct.pack("<2f", i, 0.5))))
+               + entry(b"n", _field(3, 2, _field(1, 2, _varint(i)))))
+    a = b"".join(_field(1, 2, _field(2, 2, _field(1, 2, struct.pack("<3f", i, t, -t))))
+                 for t in range(steps))
+    b = b"".join(_field(1, 2, _field(3, 2, _field(1, 2, _varint(i * 100 + t)))) for t in range(steps))
+    return _field(1, 2, context) + _field(2, 2, entry(b"a", a) + entry(b"b", b))
+
+
+def test_parse_sequence_examples_reads_what_tensorflow_writes_and_names_errors():
+    import numpy as np
+
+    reference = _sequence_reference()
+    records = [_sequence_example_of(i, i % 5) for i in range(300)]
+    args = ((b"f", b"n"), (2, 3), (b"a", b"b"), (2, 3))
+    got = speedups.parse_sequence_examples(records, *args)
+    assert _outcome(speedups.parse_sequence_examples, records, *args) == \
+        _outcome(reference, records, *args)
+    c_values, c_counts, s_values, s_steps, step_counts = got
+    assert c_values[1].tolist() == list(range(300))
+    assert s_steps[:, 0].tolist() == [i % 5 for i in range(300)]
+    assert (step_counts[0] == 3).all() and (step_counts[1] == 1).all()
+    np.testing.assert_array_equal(s_values[1], [i * 100 + t for i in range(300) for t in range(i % 5)])
+    # errors from inside the GIL-free loop: the record and the feature (list) named
+    bad = list(records)
+    bad[250] = b"\x0a\x05ab"
+    expected = ("error", "length-delimited field runs past the end of its message", 250, None)
+    assert _outcome(speedups.parse_sequence_examples, bad, *args) == expected
+    assert _outcome(reference, bad, *args) == expected
+    wrong = list(records)  # record 299's list "b" holds floats
+    wrong[299] = _field(2, 2, _field(1, 2, _field(1, 2, b"b") + _field(2, 2, _field(
+        1, 2, _field(2, 2, b"")))))
+    got = _outcome(speedups.parse_sequence_examples, wrong, *args)
+    assert got == _outcome(reference, wrong, *args)
+    assert got[2:] == (299, "b")
+    cut = list(records)  # record 120's int64 list ends inside a varint: found after the loop
+    cut[120] = _field(2, 2, _field(1, 2, _field(1, 2, b"b") + _field(2, 2, _field(
+        1, 2, _field(3, 2, _field(1, 2, b"\x81"))))))
+    got = _outcome(speedups.parse_sequence_examples, cut, *args)
+    assert got == _outcome(reference, cut, *args)
+    assert got[2:] == (120, "b")
+
+
+def test_parse_sequence_examples_lets_other_threads_run_and_checks_arguments():
+    _sequence_reference()
+    records = [_sequence_example_of(i, 20) for i in range(5_000)]
+    args = ((b"f", b"n"), (2, 3), (b"a", b"b"), (2, 3))
+    assert _runs_beside(lambda: speedups.parse_sequence_examples(records, *args))
+    with pytest.raises(ValueError):
+        speedups.parse_sequence_examples(records, (b"f",), (2, 3), (), ())
+    with pytest.raises(ValueError):
+        speedups.parse_sequence_examples(records, (), (), (b"a",), (4,))
+    with pytest.raises(TypeError):
+        speedups.parse_sequence_examples(records, (), (), ("a",), (2,))
+
+
+@SLOW_OK
+@given(steps=st.lists(st.integers(0, 5), max_size=7),
+       spec=st.sampled_from([((), "float32"), ((2,), "int64"), ((2, 3), "float32"), ((2,), "bytes"),
+                             ((0,), "float32"), ((3,), "int32")]),
+       default=st.booleans(), kernel=st.booleans(), data=st.data())
+def test_sequence_example_pads_fixed_len_steps_as_a_per_record_loop_does(steps, spec, default,
+                                                                         kernel, data):
+    """The whole-batch placement of FixedLen sequence steps (decode_batch, C kernel or not)
+    against the obvious loop: record r's steps at out[r, :steps[r]], the rest the default."""
+    import numpy as np
+
+    from streamio.decoders import example
+
+    shape, dtype = spec
+    n = int(np.prod(shape))
+    values = [[[data.draw(st.binary(max_size=3)) if dtype == "bytes" else
+                data.draw(st.integers(-2 ** 31, 2 ** 31 - 1)) for _ in range(n)]
+               for _ in range(k)] for k in steps]
+    pad = ([b"p"] * n if dtype == "bytes" else [7] * n) if default else None
+
+    def step(vals):
+        if dtype == "bytes":
+            return _field(1, 2, b"".join(_field(1, 2, v) for v in vals))
+        if dtype == "float32":
+            return _field(2, 2, _field(1, 2, struct.pack("<%df" % n, *vals)))
+        return _field(3, 2, _field(1, 2, b"".join(_varint(v) for v in vals)))
+
+    records = [_field(2, 2, _field(1, 2, _field(1, 2, b"s") + _field(2, 2, b"".join(
+        _field(1, 2, step(v)) for v in rec)))) for rec in values]
+    spec_obj = example.FixedLen(shape, dtype, default=None if pad is None else
+                                np.array(pad, dtype=object if dtype == "bytes" else dtype)
+                                .reshape(shape), allow_missing=True)
+    decoder = example.SequenceExample(sequence={"s": spec_obj})
+    saved = example._c_parse_sequence_examples
+    if not kernel:
+        example._c_parse_sequence_examples = None
+    try:
+        got = decoder.decode_batch(records)
+    finally:
+        example._c_parse_sequence_examples = saved
+    longest = max(steps, default=0)
+    np_dtype = object if dtype == "bytes" else np.dtype(dtype)
+    expected = np.empty((len(steps), longest, n), dtype=np_dtype)
+    expected[...] = np.array(pad if pad is not None else ([b""] * n if dtype == "bytes" else [0] * n),
+                             dtype=np_dtype)
+    for r, rec in enumerate(values):
+        for t, vals in enumerate(rec):
+            expected[r, t] = np.array(vals, dtype=np_dtype) if n else expected[r, t]
+    assert got["s"].dtype == np_dtype
+    assert got["s"].shape == (len(steps), longest) + shape
+    assert got["s"].reshape(len(steps), longest, n).tolist() == expected.tolist()
+    assert got["s_len"].tolist() == steps
+
+
+# -- sparse RecordIO-protobuf through decode_batch (issue #14, item 2) -------------------------------
+
+HOSTILE_KEYS = [0, 1, 5, 9, 10, 2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1]
+HOSTILE_SHAPES = [None, [10], [10], [10], [2, 5], [], [0], [2 ** 64 - 1], [2 ** 32, 2 ** 32],
+                  [2 ** 63], [11]]
+
+
+@st.composite
+def sparse_record(draw) -> bytes:
+    """A Record whose features["x"] is a float32 tensor with keys and a shape, mostly sound
+    (10 wide), sometimes hostile: keys beyond the shape or >= 2**63, dims that are negative on
+    the wire or whose product overflows, as many keys as values or not; plus a dense label."""
+    n = draw(st.integers(0, 4))
+    keys = sorted(draw(st.lists(st.sampled_from(HOSTILE_KEYS[:5]), min_size=n, max_size=n)))
+    if draw(st.integers(0, 4)) == 0:
+        keys.append(draw(st.sampled_from(HOSTILE_KEYS)))
+    nvalues = len(keys) if draw(st.integers(0, 5)) else draw(st.integers(0, 5))
+    shape = draw(st.sampled_from(HOSTILE_SHAPES))
+    tensor = _field(1, 2, struct.pack("<%df" % nvalues, *range(nvalues)))
+    if keys or draw(st.booleans()):
+        tensor += _field(2, 2, b"".join(_varint(k) for k in keys))
+    if shape is not None:
+        tensor += _field(3, 2, b"".join(_varint(d) for d in shape))
+    value = _field(2, 2, tensor)  # Value.float32_tensor
+    label = _field(2, 2, _field(1, 2, struct.pack("<f", 1.0)))
+    return (_field(1, 2, _field(1, 2, b"x") + _field(2, 2, value))
+            + _field(2, 2, _field(1, 2, b"y") + _field(2, 2, label)))
+
+
+SOUND_SPARSE = (_field(1, 2, _field(1, 2, b"x") + _field(2, 2, _field(2, 2, _field(
+    1, 2, struct.pack("<2f", 1, 2)) + _field(2, 2, b"\x01\x07") + _field(3, 2, b"\x0a"))))
+    + _field(2, 2, _field(1, 2, b"y") + _field(2, 2, _field(2, 2, _field(1, 2, b"\0\0\x80?")))))
+
+
+def _sparse_outcome(records, kernel: bool, shortcut: bool):
+    from streamio.decoders import recordio_protobuf as rp
+    from streamio.errors import DecodeError
+
+    saved = rp._c_parse_recordio_protobuf, rp._plain_sparse_column
+    if not kernel:
+        rp._c_parse_recordio_protobuf = None
+    if not shortcut:
+        rp._plain_sparse_column = lambda *args: None
+    try:
+        decoder = rp.RecordIOProtobuf()
+        try:
+            out = decoder.decode_batch(records, source="s.rec", first_index=100)
+        except DecodeError as exc:
+            return ("error", str(exc), exc.record_index, exc.field)
+    finally:
+        rp._c_parse_recordio_protobuf, rp._plain_sparse_column = saved
+    x = out["x"]
+    return ("ok", type(x).__name__, x.shape, [_normalize(a) for a in
+            ((x.indptr, x.indices, x.values) if hasattr(x, "indptr") else (x,))],
+            _normalize(out["label_y"]))
+
+
+@SLOW_OK
+@given(records=st.lists(st.one_of(sparse_record(), st.just(SOUND_SPARSE)), min_size=1,
+                        max_size=40).map(lambda rs: [SOUND_SPARSE] + rs))
+def test_sparse_recordio_protobuf_same_batches_and_errors_on_every_path(records):
+    """C kernel or reference parser, whole-batch shortcut or general assembly: the same CSR
+    arrays, or the same DecodeError naming the source, record and tensor (hostile shapes and
+    keys included: the first record is sound, so each fault is met in a later one)."""
+    _protobuf_reference()
+    outcomes = {(k, s): _sparse_outcome(records, k, s) for k in (True, False) for s in (True, False)}
+    assert len(set(map(repr, outcomes.values()))) == 1, outcomes
+    got = outcomes[(True, True)]
+    if got[0] == "error":
+        assert "s.rec" in got[1] and got[2] is not None and got[2] >= 100 and got[3] == "x"

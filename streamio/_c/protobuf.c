@@ -1,4 +1,5 @@
-/* Protobuf parsers: parse_examples (tf.train.Example) and parse_recordio_protobuf (SageMaker
+/* Protobuf parsers: parse_examples (tf.train.Example), parse_sequence_examples
+ * (tf.train.SequenceExample) and parse_recordio_protobuf (SageMaker
  * aialgs.data.Record), with the wire reading and batch helpers they share. */
 #include "speedups.h"
 
@@ -606,6 +607,22 @@ static Py_ssize_t decode_varint_pieces(const record_set *rs, const piece_vec *v,
     return m;
 }
 
+/* One pass over a varint piece: how many varints it holds, and whether it is one that
+ * check_varint_pieces would refuse (ends inside a varint, or holds one over 10 bytes). */
+static int piece_scan(const unsigned char *p, Py_ssize_t n, Py_ssize_t *count)
+{
+    Py_ssize_t c = 0, run = 0;
+    int bad = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int more = p[k] >= 0x80;
+        c += !more;
+        run = more ? run + 1 : 0;
+        bad |= run >= WIRE_MAX_VARINT_BYTES;
+    }
+    *count = c;
+    return bad | piece_ends_inside(p, n);
+}
+
 static Py_ssize_t varint_total(const record_set *rs, const piece_vec *v)
 {
     Py_ssize_t total = 0;
@@ -658,24 +675,22 @@ static PyObject *bytes_values(const record_set *rs, const piece_vec *v)
     return list;
 }
 
-/* varint pieces -> (validated) array of ``dtype`` ("=i8" int64 or "=u8" uint64) */
-static PyObject *varint_values(const record_set *rs, const piece_vec *v, const char *dtype)
+/* varint pieces -> (validated) array of ``dtype`` ("=i8" int64 or "=u8" uint64). ``total``: their
+ * number of varints if the caller counted them, else -1. */
+static PyObject *varint_values(const record_set *rs, const piece_vec *v, const char *dtype,
+                               Py_ssize_t total)
 {
-    Py_ssize_t total = varint_total(rs, v), nbytes;
+    Py_ssize_t nbytes;
     char *data;
+    if (total < 0)
+        total = varint_total(rs, v);
     if (checked_mul(total, 8, &nbytes) < 0)
         return NULL;
     PyObject *ba = new_storage(nbytes, &data);
     if (ba == NULL)
         return NULL;
-    uint64_t *out = alloc_items(total, sizeof(uint64_t));
-    if (out == NULL) {
-        Py_DECREF(ba);
-        return NULL;
-    }
-    decode_varint_pieces(rs, v, out);
-    memcpy(data, out, (size_t)total * 8);
-    PyMem_Free(out);
+    /* a bytearray's storage is malloc'ed: aligned for uint64_t */
+    decode_varint_pieces(rs, v, (uint64_t *)data);
     PyObject *arr = array_from(ba, dtype);
     Py_DECREF(ba);
     return arr;
@@ -945,7 +960,7 @@ static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwa
                 Py_XDECREF(field);
                 goto done;
             }
-            flat = varint_values(&rs, &pieces[j], "=i8");
+            flat = varint_values(&rs, &pieces[j], "=i8", -1);
         } else {
             flat = bytes_values(&rs, &pieces[j]);
         }
@@ -979,6 +994,447 @@ done:
     Py_XDECREF(values);
     Py_XDECREF(names_seq);
     Py_XDECREF(kinds_seq);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * parse_sequence_examples: tf.train.SequenceExample records -> context values + counts, and for
+ * each feature list the flat values of all steps, the steps per record and the values per step
+ *
+ * SequenceExample { Features context = 1; FeatureLists feature_lists = 2; }
+ * FeatureLists { map<string, FeatureList> feature_list = 1; }
+ * FeatureList { repeated Feature feature = 1; }   (one Feature per step)
+ * Same results and errors as streamio.decoders.example.parse_sequence_examples (the reference).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t *items;
+    Py_ssize_t n, cap;
+} i64_vec;
+
+static int iv_push(i64_vec *v, int64_t x)
+{
+    if (v->n == v->cap) {
+        Py_ssize_t cap = grown_capacity(v->cap, sizeof(int64_t), 64);
+        int64_t *items = cap < 0 ? NULL : PyMem_RawRealloc(v->items, (size_t)cap * sizeof(int64_t));
+        if (items == NULL)
+            return -1; /* the caller sets MemoryError once it holds the GIL again */
+        v->items = items;
+        v->cap = cap;
+    }
+    v->items[v->n++] = x;
+    return 0;
+}
+
+/* One half of a SequenceExample: the context features or the feature lists. */
+typedef struct {
+    Py_ssize_t n;
+    PyObject *names; /* tuple of bytes, ours */
+    int *kinds;
+    name_index ix;
+    found_set found;
+    piece_vec *pieces; /* per feature; piece.rec is the record (for the bytes and for errors) */
+    i64_vec *steps;    /* feature lists: values in each step, over the batch */
+    int64_t *counts;   /* (records, n): context values / feature-list steps; -1 absent */
+    /* int64 features: whether the pieces need check_varint_pieces (some came from the general
+     * walker, or piece_scan flagged one) and, if not, how many varints they hold */
+    char *vcheck;
+    Py_ssize_t *vtotal;
+    int have_ix, have_found;
+} seq_half;
+
+typedef struct {
+    record_set rs;
+    int have_rs;
+    seq_half half[2]; /* 0: context, 1: feature lists */
+    span_vec top[2], lists;
+} seq_state;
+
+static void seq_release(seq_state *st)
+{
+    for (int h = 0; h < 2; h++) {
+        seq_half *s = &st->half[h];
+        for (Py_ssize_t j = 0; s->pieces && j < s->n; j++)
+            PyMem_RawFree(s->pieces[j].items);
+        for (Py_ssize_t j = 0; s->steps && j < s->n; j++)
+            PyMem_RawFree(s->steps[j].items);
+        PyMem_Free(s->pieces);
+        PyMem_Free(s->steps);
+        PyMem_Free(s->kinds);
+        PyMem_Free(s->counts);
+        PyMem_Free(s->vcheck);
+        PyMem_Free(s->vtotal);
+        if (s->have_ix)
+            names_release(&s->ix);
+        if (s->have_found)
+            found_release(&s->found);
+        Py_XDECREF(s->names);
+        PyMem_RawFree(st->top[h].items);
+    }
+    PyMem_RawFree(st->lists.items);
+    if (st->have_rs)
+        records_release(&st->rs);
+}
+
+/* Kinds (1 bytes, 2 float, 3 int64) from a tuple of ints; 0 or -1 with an exception set. */
+static int example_kinds(PyObject *kinds_seq, int *kinds)
+{
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(kinds_seq); j++) {
+        long k = PyLong_AsLong(PyTuple_GET_ITEM(kinds_seq, j));
+        if (k == -1 && PyErr_Occurred())
+            return -1;
+        if (k < KIND_BYTES || k > KIND_INT64) {
+            PyErr_Format(PyExc_ValueError, "kinds must be 1 (bytes), 2 (float) or 3 (int64), not %ld", k);
+            return -1;
+        }
+        kinds[j] = (int)k;
+    }
+    return 0;
+}
+
+/* Set up one half from the caller's names and kinds. ``kinds_seq`` is a tuple of our own; the
+ * kinds are converted (which may run Python code) only after the records were acquired. */
+static int seq_half_init(seq_half *s, PyObject *kinds_seq, Py_ssize_t nrec, int steps)
+{
+    Py_ssize_t ncounts;
+    s->n = PyTuple_GET_SIZE(s->names);
+    if (PyTuple_GET_SIZE(kinds_seq) != s->n) {
+        PyErr_SetString(PyExc_ValueError, "names and kinds must have the same length");
+        return -1;
+    }
+    s->kinds = alloc_items(s->n, sizeof(int));
+    s->pieces = s->kinds ? PyMem_Calloc(s->n ? s->n : 1, sizeof(piece_vec)) : NULL;
+    s->steps = s->pieces && steps ? PyMem_Calloc(s->n ? s->n : 1, sizeof(i64_vec)) : NULL;
+    s->vcheck = s->pieces ? PyMem_Calloc(s->n ? s->n : 1, 1) : NULL;
+    s->vtotal = s->vcheck ? PyMem_Calloc(s->n ? s->n : 1, sizeof(Py_ssize_t)) : NULL;
+    if (s->vtotal == NULL || (steps && s->steps == NULL)) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    if (example_kinds(kinds_seq, s->kinds) < 0)
+        return -1;
+    if (names_build(&s->ix, &PyTuple_GET_ITEM(s->names, 0), s->n) < 0)
+        return -1;
+    s->have_ix = 1;
+    if (found_init(&s->found, s->n) < 0)
+        return -1;
+    s->have_found = 1;
+    if (checked_mul(nrec, s->n, &ncounts) < 0)
+        return -1;
+    s->counts = alloc_items(ncounts, sizeof(int64_t));
+    if (s->counts == NULL)
+        return -1;
+    for (Py_ssize_t k = 0; k < ncounts; k++)
+        s->counts[k] = -1;
+    return 0;
+}
+
+/* The spans of every SequenceExample.context (field 1) and .feature_lists (field 2), merged. */
+static int seq_top_level(const unsigned char *b, Py_ssize_t end, span_vec top[2], wire_err *err)
+{
+    Py_ssize_t pos = 0;
+    top[0].n = top[1].n = 0;
+    while (pos < end) {
+        uint64_t tag;
+        Py_ssize_t start, stop;
+        if (rd_tag(b, &pos, end, &tag, err) < 0)
+            return -1;
+        if (tag == 0x0A || tag == 0x12) {
+            if (rd_len(b, pos, end, &start, &stop, err) < 0)
+                return -1;
+            pos = stop;
+            if (sv_push(&top[tag == 0x12], start, stop) < 0)
+                return -2;
+        } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int kind_mismatch(int kind, int want, wire_err *err)
+{
+    snprintf(err->msg, sizeof(err->msg), "feature holds a %s, expected a %s",
+             example_kind_names[kind], example_kind_names[want]);
+    return -1;
+}
+
+/* The context features of record i, as parse_examples reads an Example's features. */
+static int seq_context(const unsigned char *b, Py_ssize_t i, seq_state *st, Py_ssize_t *bad_j,
+                       wire_err *err)
+{
+    seq_half *s = &st->half[0];
+    s->found.pool.n = 0;
+    s->found.norder = 0;
+    int rc = collect_entries(b, st->top[0].items, st->top[0].n, &s->ix, NULL, &s->found, i + 1, err);
+    for (Py_ssize_t o = 0; rc == 0 && o < s->found.norder; o++) {
+        int kind;
+        Py_ssize_t j = *bad_j = s->found.order[o];
+        rc = feature_kind(b, found_spans(&s->found, j), s->found.count[j], &kind, &st->lists, err);
+        if (rc < 0 || kind == 0) /* an empty Feature is a missing one */
+            continue;
+        if (kind != s->kinds[j])
+            return kind_mismatch(kind, s->kinds[j], err);
+        int64_t count = 0;
+        rc = list_values(b, kind, &st->lists, i, &s->pieces[j], &count, err);
+        s->counts[i * s->n + j] = count;
+        s->vcheck[j] = 1;
+    }
+    return rc;
+}
+
+/* A step as every writer emits it: Feature { <kind> = { value = 1: packed bytes } }, both
+ * lengths one byte, nothing else. Then the general walkers (feature_kind, list_values) would
+ * find ``kind`` and the one piece [*start, end): 1 and those, else 0 (the caller walks it). */
+static inline int plain_step(const unsigned char *b, Py_ssize_t s, Py_ssize_t e, int *kind,
+                             Py_ssize_t *start)
+{
+    if (e - s < 4 || (b[s] != 0x0A && b[s] != 0x12 && b[s] != 0x1A))
+        return 0;
+    if (b[s + 1] >= 0x80 || b[s + 1] != e - s - 2 || b[s + 2] != 0x0A || b[s + 3] != e - s - 4)
+        return 0;
+    if (b[s] == 0x12 && ((e - s - 4) & 3)) /* not whole floats: the walker words the error */
+        return 0;
+    *kind = b[s] >> 3;
+    *start = s + 4;
+    return 1;
+}
+
+/* The values of one step [s, e) of feature list j of record i: pieces and their count. */
+static int seq_step(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, Py_ssize_t s,
+                    Py_ssize_t e, seq_state *st, wire_err *err)
+{
+    seq_half *h = &st->half[1];
+    span step = {s, e};
+    int kind, rc;
+    int64_t count = 0;
+    Py_ssize_t start;
+    if (plain_step(b, s, e, &kind, &start)) {
+        if (kind != h->kinds[j])
+            return kind_mismatch(kind, h->kinds[j], err);
+        if (pv_push(&h->pieces[j], i, start, e - start) < 0)
+            return -2;
+        if (kind == KIND_FLOAT) {
+            count = (e - start) >> 2;
+        } else if (kind == KIND_BYTES) {
+            count = 1;
+        } else {
+            Py_ssize_t c;
+            h->vcheck[j] |= piece_scan(b + start, e - start, &c);
+            h->vtotal[j] += c;
+            count = c;
+        }
+    } else {
+        if ((rc = feature_kind(b, &step, 1, &kind, &st->lists, err)) < 0)
+            return rc;
+        if (kind != h->kinds[j] && kind != 0)
+            return kind_mismatch(kind, h->kinds[j], err);
+        if ((rc = list_values(b, kind, &st->lists, i, &h->pieces[j], &count, err)) < 0)
+            return rc;
+        h->vcheck[j] = 1;
+    }
+    return iv_push(&h->steps[j], count) < 0 ? -2 : 0;
+}
+
+/* The steps of feature list j in record i: each Feature of the FeatureList is one step (an
+ * empty Feature a step of no values); non-Feature fields are skipped. */
+static int seq_steps(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, seq_state *st,
+                     wire_err *err)
+{
+    seq_half *s = &st->half[1];
+    const span *spans = found_spans(&s->found, j);
+    int64_t steps = 0;
+    for (Py_ssize_t k = 0; k < s->found.count[j]; k++) {
+        Py_ssize_t pos = spans[k].start, end = spans[k].stop;
+        while (pos < end) {
+            uint64_t tag;
+            Py_ssize_t start, stop;
+            int rc;
+            if (rd_tag(b, &pos, end, &tag, err) < 0)
+                return -1;
+            if (tag != 0x0A) {
+                if (skip_value(b, tag, &pos, end, 0, err) < 0)
+                    return -1;
+                continue;
+            }
+            if (rd_len(b, pos, end, &start, &stop, err) < 0)
+                return -1;
+            pos = stop;
+            if ((rc = seq_step(b, i, j, start, stop, st, err)) < 0)
+                return rc;
+            steps++;
+        }
+    }
+    s->counts[i * s->n + j] = steps;
+    return 0;
+}
+
+/* Record i; on failure *half_of / *bad_j say which feature (-1: none) the error names. */
+static int seq_record(seq_state *st, Py_ssize_t i, int *half_of, Py_ssize_t *bad_j, wire_err *err)
+{
+    const unsigned char *b = st->rs.data[i];
+    seq_half *s = &st->half[1];
+    *half_of = 0;
+    *bad_j = -1;
+    int rc = seq_top_level(b, st->rs.len[i], st->top, err);
+    if (rc == 0)
+        rc = seq_context(b, i, st, bad_j, err);
+    if (rc < 0)
+        return rc;
+    *half_of = 1;
+    *bad_j = -1;
+    s->found.pool.n = 0;
+    s->found.norder = 0;
+    rc = collect_entries(b, st->top[1].items, st->top[1].n, &s->ix, NULL, &s->found, i + 1, err);
+    for (Py_ssize_t o = 0; rc == 0 && o < s->found.norder; o++) {
+        *bad_j = s->found.order[o];
+        rc = seq_steps(b, i, *bad_j, st, err);
+    }
+    return rc;
+}
+
+/* The flat values of feature j of a half (checked as parse_examples checks them); NULL with an
+ * exception set (a WireError naming the first record whose varints do not decode). */
+static PyObject *seq_values(const seq_state *st, const seq_half *s, Py_ssize_t j)
+{
+    const piece_vec *v = &s->pieces[j];
+    if (s->kinds[j] == KIND_FLOAT)
+        return fixed_values(&st->rs, v, 4, "<f4");
+    if (s->kinds[j] == KIND_BYTES)
+        return bytes_values(&st->rs, v);
+    const char *message;
+    Py_ssize_t owner;
+    if (!s->vcheck[j]) /* every piece scanned, none flagged, and counted */
+        return varint_values(&st->rs, v, "=i8", s->vtotal[j]);
+    if (check_varint_pieces(&st->rs, v, &message, &owner) < 0) {
+        PyObject *field = field_name(PyTuple_GET_ITEM(s->names, j));
+        if (field != NULL)
+            raise_wire_error(message, owner, field);
+        Py_XDECREF(field);
+        return NULL;
+    }
+    return varint_values(&st->rs, v, "=i8", -1);
+}
+
+/* An int64 array of the n values at ``items`` (NULL allowed when n is 0). */
+static PyObject *int64_array(const int64_t *items, Py_ssize_t n)
+{
+    char *data;
+    Py_ssize_t nbytes;
+    if (checked_mul(n, 8, &nbytes) < 0)
+        return NULL;
+    PyObject *ba = new_storage(nbytes, &data);
+    if (ba == NULL)
+        return NULL;
+    if (nbytes > 0)
+        memcpy(data, items, (size_t)nbytes);
+    PyObject *arr = array_from(ba, "=i8");
+    Py_DECREF(ba);
+    return arr;
+}
+
+/* (context values, context counts, sequence values, steps, step counts) once every record
+ * parsed; NULL with an exception set. Context errors come first, as in the reference. */
+static PyObject *seq_results(const seq_state *st)
+{
+    PyObject *lists[3] = {PyList_New(st->half[0].n), PyList_New(st->half[1].n),
+                          PyList_New(st->half[1].n)};
+    PyObject *m[2] = {NULL, NULL}, *result = NULL;
+    int ok = lists[0] && lists[1] && lists[2];
+    for (int h = 0; ok && h < 2; h++) {
+        for (Py_ssize_t j = 0; ok && j < st->half[h].n; j++) {
+            PyObject *flat = seq_values(st, &st->half[h], j);
+            ok = flat != NULL;
+            if (ok)
+                PyList_SET_ITEM(lists[h], j, flat);
+        }
+    }
+    for (Py_ssize_t j = 0; ok && j < st->half[1].n; j++) {
+        PyObject *per_step = int64_array(st->half[1].steps[j].items, st->half[1].steps[j].n);
+        ok = per_step != NULL;
+        if (ok)
+            PyList_SET_ITEM(lists[2], j, per_step);
+    }
+    for (int h = 0; ok && h < 2; h++) {
+        m[h] = int64_matrix(st->half[h].counts, st->rs.n, st->half[h].n);
+        ok = m[h] != NULL;
+    }
+    if (ok)
+        result = PyTuple_Pack(5, lists[0], m[0], lists[1], m[1], lists[2]);
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(lists[k]);
+    Py_XDECREF(m[0]);
+    Py_XDECREF(m[1]);
+    return result;
+}
+
+/* Parse every record (without the GIL for large batches); NULL with an exception set. */
+static PyObject *seq_parse(seq_state *st)
+{
+    Py_ssize_t nrec = st->rs.n, bad_i = -1, bad_j = -1;
+    int rc = 0, half_of = 0;
+    PyThreadState *tstate = nrec >= GIL_RELEASE_MIN_RECORDS ? PyEval_SaveThread() : NULL;
+    wire_err err;
+    /* No Python API in this loop: a failure stops it, and is raised below with the GIL. */
+    for (Py_ssize_t i = 0; i < nrec; i++) {
+        if (i + PREFETCH_AHEAD < nrec)
+            prefetch_record(&st->rs, i + PREFETCH_AHEAD);
+        if ((rc = seq_record(st, i, &half_of, &bad_j, &err)) < 0) {
+            bad_i = i;
+            break;
+        }
+    }
+    if (tstate != NULL)
+        PyEval_RestoreThread(tstate);
+    if (rc == -2)
+        return PyErr_NoMemory();
+    if (rc < 0) {
+        PyObject *field = bad_j >= 0
+            ? field_name(PyTuple_GET_ITEM(st->half[half_of].names, bad_j)) : NULL;
+        if (bad_j < 0 || field != NULL)
+            raise_wire_error(err.msg, bad_i, field);
+        Py_XDECREF(field);
+        return NULL;
+    }
+    return seq_results(st);
+}
+
+PyDoc_STRVAR(parse_sequence_examples_doc,
+"parse_sequence_examples(records, context_names, context_kinds, sequence_names, sequence_kinds)\n"
+"    -> (context_values, context_counts, sequence_values, sequence_steps, step_counts)\n\n"
+"Parse serialized tf.train.SequenceExample records; same results and errors as\n"
+"streamio.decoders.example.parse_sequence_examples (the reference).");
+
+static PyObject *py_parse_sequence_examples(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"records", "context_names", "context_kinds", "sequence_names",
+                             "sequence_kinds", NULL};
+    PyObject *records, *names[2], *kinds[2], *kinds_seq[2] = {NULL, NULL}, *result = NULL;
+    seq_state st;
+    memset(&st, 0, sizeof(st));
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:parse_sequence_examples", kwlist,
+                                     &records, &names[0], &kinds[0], &names[1], &kinds[1]))
+        return NULL;
+    /* Tuples of our own, and the records, before converting a kind (__index__ may run Python
+     * code that changes the caller's lists). */
+    for (int h = 0; h < 2; h++) {
+        if ((st.half[h].names = PySequence_Tuple(names[h])) == NULL
+            || (kinds_seq[h] = PySequence_Tuple(kinds[h])) == NULL)
+            goto done;
+    }
+    if (records_acquire(records, &st.rs) < 0)
+        goto done;
+    st.have_rs = 1;
+    for (int h = 0; h < 2; h++) {
+        if (seq_half_init(&st.half[h], kinds_seq[h], st.rs.n, h == 1) < 0)
+            goto done;
+    }
+    result = seq_parse(&st);
+done:
+    seq_release(&st);
+    Py_XDECREF(kinds_seq[0]);
+    Py_XDECREF(kinds_seq[1]);
     return result;
 }
 
@@ -1054,6 +1510,8 @@ static int value_kind(const unsigned char *b, const span *spans, Py_ssize_t nspa
 /* The three streams of one tensor: 0 values, 1 keys, 2 shape. */
 typedef struct {
     piece_vec stream[3];
+    Py_ssize_t total[3]; /* varints in each varint stream, counted as the pieces are found */
+    int bad[3];          /* a piece of that stream fails check_varint_pieces: report it later */
 } tensor_pieces;
 
 /* A tensor's values, keys and shape pieces for record ``rec``, counting as it goes. The pieces
@@ -1118,8 +1576,12 @@ static int tensor_values(const unsigned char *b, int kind, const span_vec *tenso
                 counts[0] += (stop - start) >> 2;
             else if (stream == 0 && kind == RKIND_FLOAT64)
                 counts[0] += (stop - start) >> 3;
-            else
-                counts[stream] += piece_varint_count(b + start, stop - start);
+            else {
+                Py_ssize_t c;
+                out->bad[stream] |= piece_scan(b + start, stop - start, &c);
+                out->total[stream] += c;
+                counts[stream] += c;
+            }
         }
     }
     return 0;
@@ -1357,7 +1819,9 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
         for (int st = (kinds[j] == RKIND_INT32 ? 0 : 1); st < 3; st++) {
             const char *message;
             Py_ssize_t owner;
-            if (check_varint_pieces(&rs, &pieces[j].stream[st], &message, &owner) < 0) {
+            /* the record loop scanned every piece: only a flagged stream needs the full check */
+            if (pieces[j].bad[st]
+                && check_varint_pieces(&rs, &pieces[j].stream[st], &message, &owner) < 0) {
                 PyObject *field = recordio_field_name(PyTuple_GET_ITEM(names_seq, j));
                 if (field != NULL)
                     raise_wire_error(message, first_bad_owner(&rs, &pieces[j], kinds[j]), field);
@@ -1372,7 +1836,8 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             flat = fixed_values(&rs, &pieces[j].stream[0], 8, "<f8");
         } else if (kinds[j] == RKIND_INT32) {
             /* int32 varints are sign-extended to 64 bits; protobuf keeps the low 32 */
-            PyObject *wide = varint_values(&rs, &pieces[j].stream[0], "=u8");
+            PyObject *wide = varint_values(&rs, &pieces[j].stream[0], "=u8",
+                                           pieces[j].total[0]);
             flat = NULL;
             if (wide != NULL) {
                 PyObject *low = PyObject_CallMethod(wide, "astype", "s", "=u4");
@@ -1389,7 +1854,7 @@ static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyOb
             goto done;
         PyList_SET_ITEM(lists[0], j, flat);
         for (int st = 1; st < 3; st++) {
-            PyObject *arr = varint_values(&rs, &pieces[j].stream[st], "=u8");
+            PyObject *arr = varint_values(&rs, &pieces[j].stream[st], "=u8", pieces[j].total[st]);
             if (arr == NULL)
                 goto done;
             PyList_SET_ITEM(lists[st], j, arr);
@@ -1439,5 +1904,7 @@ PyMethodDef protobuf_methods[] = {
      parse_examples_doc},
     {"parse_recordio_protobuf", (PyCFunction)(void (*)(void))py_parse_recordio_protobuf,
      METH_VARARGS | METH_KEYWORDS, parse_recordio_protobuf_doc},
+    {"parse_sequence_examples", (PyCFunction)(void (*)(void))py_parse_sequence_examples,
+     METH_VARARGS | METH_KEYWORDS, parse_sequence_examples_doc},
     {NULL, NULL, 0, NULL},
 };

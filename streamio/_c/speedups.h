@@ -7,6 +7,7 @@
  *   crc.c        crc32c, crc32c_portable               the crc32c package
  *   framing.c    scan_tfrecords, scan_recordio         streamio/formats/tfrecord.py, recordio.py
  *   protobuf.c   parse_examples                        streamio/decoders/example.py
+ *                parse_sequence_examples               streamio/decoders/example.py
  *                parse_recordio_protobuf               streamio/decoders/recordio_protobuf.py
  *   csv.c        parse_csv_floats                      numpy.loadtxt (the CSV decoder's fast path)
  *   shuffle.c    shuffle_exchange(_int64)              streamio/pipeline/shuffle.py (_ExchangePlan)

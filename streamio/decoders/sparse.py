@@ -49,6 +49,19 @@ class SparseBatch:
         self.values = values
         self.shape = shape
 
+    @classmethod
+    def _checked(cls, indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
+                 shape: Tuple[int, int]) -> "SparseBatch":
+        """A batch from parts a decoder has already checked as ``__init__`` would (int64
+        ``indptr`` from 0 by non-negative counts to ``len(values)``, int64 ``indices`` in the
+        row): the per-batch checks cost more than the decoding of a small batch."""
+        batch = cls.__new__(cls)
+        batch.indptr = indptr
+        batch.indices = indices
+        batch.values = values
+        batch.shape = shape
+        return batch
+
     @property
     def dtype(self) -> np.dtype:
         return self.values.dtype
