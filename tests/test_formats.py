@@ -349,3 +349,17 @@ def test_recordio_last_record_and_a_record_at_a_chunk_end_are_not_held_back():
     assert framer.feed(stream[:first]) == records[:1]
     assert framer.feed(stream[first:]) == records[1:]
     assert framer.finish() == []
+
+
+def test_recordio_damaged_length_gives_the_same_verdict_at_every_cut():
+    # Found by Hypothesis: the first length grows from 1 to 5, so the frame ends inside the next
+    # header. Fed whole, the record start inside the frame shows the length is corrupt; fed with
+    # the frame completed from a held tail, that start's header ran past the bytes so far and
+    # the frame used to be taken. Now the framer waits for those bytes, whatever the cut.
+    stream = bytearray(encode("recordio", [b"\x00"] * 4 + [b"\x00" * 29]))
+    stream[4] ^= 4
+    stream = bytes(stream)
+    whole = _outcome("recordio", stream, [])
+    assert whole == ([], (CorruptRecordError, 0, 0))
+    for cut in range(len(stream) + 1):
+        assert _outcome("recordio", stream, [cut]) == whole, cut

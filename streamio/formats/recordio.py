@@ -204,6 +204,11 @@ class RecordIOFramer(LengthPrefixedFramer):
         frame_end = pos + size
         inner = self._sync_kernel(buf, pos + HEADER_SIZE, min(end, frame_end + HEADER_SIZE - 1),
                                   base, self.max_record_size)
+        if inner < 0 and not self._at_eof and self._undecided(buf, pos, frame_end, end, base):
+            # A record may start inside the frame, but its header runs past the bytes so far:
+            # wait for them, so that how the stream was cut cannot change the verdict.
+            self._tail = bytearray(buf[pos:end])  # held: at most max_record_size + 15 bytes
+            return None
         if inner < 0 or (self._at_eof and frame_end == end):
             return self._take(buf, pos, end, base, out)
         if end - frame_end < 4 and not self._at_eof:
@@ -220,6 +225,19 @@ class RecordIOFramer(LengthPrefixedFramer):
             return None
         self._skip(err, inner - pos)
         return inner
+
+    @staticmethod
+    def _undecided(buf, pos: int, frame_end: int, end: int, base: int) -> bool:
+        """Whether an aligned offset inside the frame shows the magic number (or as much of it
+        as there is) while its 8-byte header is not whole in ``buf[:end]``: a record start that
+        only more bytes can confirm or rule out."""
+        first = max(pos + HEADER_SIZE, end - HEADER_SIZE + 1)
+        first += -(base + first) & 3
+        for q in range(first, min(frame_end, end), 4):
+            seen = bytes(buf[q:min(q + 4, end)])
+            if MAGIC_BYTES.startswith(seen):
+                return True
+        return False
 
     # Byte ranges. dmlc: a record starts exactly where an aligned magic with cflag 0 or 1 sits
     # (the writer splits payloads at every aligned magic), so both sides of a boundary agree on
