@@ -99,7 +99,7 @@ TARGETS = (
      None, "x"),
     ("large records: read_records / read()", "large/streamio-read_records", "large/raw-read", 1.5,
      "x"),
-    # the pipe's physical limit: the best raw read of the same FIFO (issue 14, item 4)
+    # the pipe's physical limit: the best raw read of the same FIFO
     ("large records: read_records / best readinto", "large/streamio-read_records",
      "large/raw-readinto", 0.95, "x"),
     ("csv: streamio / pandas", "csv/streamio", "csv/pandas", 1.5, "x"),
@@ -1332,7 +1332,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     for i, arg in enumerate(argv):
         if arg == "--workloads=images" or (arg == "--workloads" and argv[i + 1:i + 2] == ["images"]):
-            # The image benchmark (issue 11) has options of its own: it is its own module.
+            # The image benchmark has options of its own: it is its own module.
             from .bench_images import main as images_main
 
             return images_main(argv[:i] + argv[i + (1 if "=" in arg else 2):])

@@ -1,4 +1,4 @@
-"""The image benchmark of issue 11: ``streamio bench --workloads images`` or
+"""The image benchmark: ``streamio bench --workloads images`` or
 ``python benchmarks/images.py``.
 
 An ImageNet-like set (``--images`` photos of about 500x375 made from smooth multi-octave noise,
@@ -48,7 +48,7 @@ BATCH = 64
 RESIZE, CROP = 256, 224
 CLASSES = 10
 JPEG_QUALITY = 90
-PARALLEL = 2  # decoders in the parallel cases (the machine of issue 11 has 2 cores)
+PARALLEL = 2  # decoders in the parallel cases (the 2-core machine the targets are set for)
 GENERATOR_VERSION = 1  # bump when photo() changes, so caches are rebuilt
 # (height, width) of the photos, with their shares: ImageNet's commonest shapes.
 SHAPES = [((375, 500), 0.6), ((333, 500), 0.2), ((500, 375), 0.2)]
@@ -446,7 +446,7 @@ def compare_libraries(jpegs: Sequence[bytes], rounds: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamio bench --workloads images",
-                                description="The image benchmark of issue 11.")
+                                description="The image benchmark: JPEG records from one FIFO, decoded by 1 and 2 decoders, against an ImageFolder loader and the in-memory decode limit.")
     p.add_argument("--images", type=int, default=DEFAULT_IMAGES,
                    help=f"photos in the set (default {DEFAULT_IMAGES}; 600 for a quick run)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply --images")
