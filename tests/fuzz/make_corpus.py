@@ -219,6 +219,11 @@ def parse_sequence_examples_seeds(rng: random.Random) -> List[bytes]:
                                               sequence),
              T.encode_parse_sequence_examples(records[:1] + [b"\x12\x05ab"], context, sequence),
              T.encode_parse_sequence_examples([], context, sequence)]
+    # a step whose packed int64s end inside a varint, after records with steps: the error names
+    # the record of that step (counted from the steps before it)
+    cut_step = _ld(1, _ld(1, b"tok") + _ld(2, _ld(1, _ld(3, _ld(1, b"\x05\xff")))))
+    seeds.append(T.encode_parse_sequence_examples(records[:4] + [_ld(2, cut_step)] + records[:2],
+                                                  context, sequence))
     tf_written = _payloads((FIXTURES / "examples" / "sequence_examples.tfrecord").read_bytes(),
                            "tfrecord")
     if tf_written:  # written by TensorFlow (fixtures/make_examples.py), described beside
