@@ -5,10 +5,10 @@
 Each target gets ``<out>/<target>/<sha1>`` files in its input layout (targets.py): the inputs in
 ``findings/<target>-*`` (bugs found before: a regression comes back at once), TFRecord and
 RecordIO streams from ``streamio.write_records``, Examples from ``encode_example``,
-RecordIO-protobuf records from ``write_recordio_protobuf``, CSV text, and the files in
-``../shared/peer-fixtures/`` (used when present; cut to ``MAX_SEED`` bytes). The seeds are
-deterministic (a fixed random seed), so a corpus can be rebuilt at any time; ``build/`` is
-gitignored.
+SequenceExamples made of its Features, RecordIO-protobuf records from ``write_recordio_protobuf``,
+CSV text, and the files in ``../shared/peer-fixtures/`` (used when present; cut to ``MAX_SEED``
+bytes). The seeds are deterministic (a fixed random seed), so a corpus can be rebuilt at any
+time; ``build/`` is gitignored.
 """
 
 from __future__ import annotations
@@ -149,6 +149,98 @@ def parse_examples_seeds(rng: random.Random) -> List[bytes]:
     return seeds
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def _ld(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _field_payload(buf: bytes) -> tuple:
+    """(payload, rest) of the length-delimited field at the front of ``buf``."""
+    pos = 1  # the tags here are one byte (field numbers 1 and 2)
+    length = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        length |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return buf[pos:pos + length], buf[pos + length:]
+
+
+def _feature(value) -> bytes:
+    """One ``Feature`` as streamio's ``encode_example`` writes it (Example > Features > map
+    entry > value), so the steps below use streamio's own encoding of values."""
+    from streamio import encode_example
+
+    features, _ = _field_payload(encode_example({"v": value}))
+    entry, _ = _field_payload(features)
+    _, after_key = _field_payload(entry)
+    return _field_payload(after_key)[0]
+
+
+def _sequence_example(context: dict, lists: dict) -> bytes:
+    """A ``SequenceExample``: ``context`` is a Features, the same bytes as an Example's field 1
+    (so ``encode_example`` writes it), ``feature_lists`` (field 2) maps a name to a FeatureList
+    (repeated Feature, field 1)."""
+    from streamio import encode_example
+
+    entries = b"".join(_ld(1, _ld(1, name.encode()) + _ld(2, b"".join(_ld(1, _feature(step))
+                                                                        for step in steps)))
+                       for name, steps in lists.items())
+    return encode_example(context) + (_ld(2, entries) if lists else b"")
+
+
+def parse_sequence_examples_seeds(rng: random.Random) -> List[bytes]:
+    records = [_sequence_example({"id": i, "w": [0.5, float(i)], "tags": [b"t"] * (i + 1)},
+                                 {"tok": [[i, t] for t in range(i)],
+                                  "emb": [np.float32([t, -t, 0.25]) for t in range(i + 1)],
+                                  "word": [[b"w%d" % t] for t in range(i)]})
+               for i in range(4)]
+    records.append(_sequence_example({"": b"empty key"}, {"": [[1], [2, 3]], "\xff": [[True]]}))
+    records.append(_sequence_example({}, {}))
+    records.append(_sequence_example({"id": 7}, {"tok": []}))  # a FeatureList of no steps
+    context = (b"id", 3), (b"w", 2), (b"tags", 1)
+    sequence = (b"tok", 3), (b"emb", 2), (b"word", 1)
+    seeds = [T.encode_parse_sequence_examples(records, context, sequence),
+             T.encode_parse_sequence_examples(records[:2], ((b"w", 2),), ((b"emb", 2),), wrap=2),
+             T.encode_parse_sequence_examples(records, (), ((b"tok", 2), (b"word", 1)),
+                                              wrap=3),  # wrong kind
+             T.encode_parse_sequence_examples(records, ((b"", 1),), ((b"", 3), (b"\xc3\xbf", 3)),
+                                              wrap=1),
+             T.encode_parse_sequence_examples([_flip(r, rng, 2) for r in records], context,
+                                              sequence),
+             T.encode_parse_sequence_examples(records[:1] + [b"\x12\x05ab"], context, sequence),
+             T.encode_parse_sequence_examples([], context, sequence)]
+    # a step whose packed int64s end inside a varint, after records with steps: the error names
+    # the record of that step (counted from the steps before it)
+    cut_step = _ld(1, _ld(1, b"tok") + _ld(2, _ld(1, _ld(3, _ld(1, b"\x05\xff")))))
+    seeds.append(T.encode_parse_sequence_examples(records[:4] + [_ld(2, cut_step)] + records[:2],
+                                                  context, sequence))
+    tf_written = _payloads((FIXTURES / "examples" / "sequence_examples.tfrecord").read_bytes(),
+                           "tfrecord")
+    if tf_written:  # written by TensorFlow (fixtures/make_examples.py), described beside
+        import json
+
+        described = json.loads((FIXTURES / "examples" / "sequence_examples.json").read_text())
+        kinds = {"bytes": 1, "float32": 2, "int64": 3}
+        spec = {part: tuple((name.encode(), kinds.get(f.get("dtype"), 1))
+                            for name, f in described[part].items())
+                for part in ("context", "sequence")}
+        seeds.append(T.encode_parse_sequence_examples(tf_written, spec["context"],
+                                                      spec["sequence"]))
+        seeds.append(T.encode_parse_sequence_examples(tf_written, spec["sequence"],
+                                                      spec["context"], wrap=3))
+    return seeds
+
+
 def parse_recordio_protobuf_seeds(rng: random.Random) -> List[bytes]:
     from streamio.decoders.recordio_protobuf import encode_recordio_protobuf
 
@@ -250,6 +342,7 @@ SEEDS = {
     "scan_tfrecords": scan_tfrecords_seeds,
     "scan_recordio": scan_recordio_seeds,
     "parse_examples": parse_examples_seeds,
+    "parse_sequence_examples": parse_sequence_examples_seeds,
     "parse_recordio_protobuf": parse_recordio_protobuf_seeds,
     "parse_csv_floats": parse_csv_floats_seeds,
     "shuffle_exchange": shuffle_seeds,

@@ -244,6 +244,34 @@ def run_parse_examples(ck: ModuleType, data: bytes) -> None:
     expect_equal("parse_examples outcome", fast, outcome(parse_examples, records, names, kinds))
 
 
+def encode_parse_sequence_examples(records: Sequence[bytes],
+                                   context: Sequence[Tuple[bytes, int]],
+                                   sequence: Sequence[Tuple[bytes, int]], wrap: int = 0) -> bytes:
+    head = encode_parse_examples([], context, wrap)
+    head += encode_parse_examples([], sequence)
+    return head + pack_records(records)
+
+
+def run_parse_sequence_examples(ck: ModuleType, data: bytes) -> None:
+    """Input: the context features as parse_examples's ``head u8`` and features (bits 4-5 of
+    this head: record type given to C), then the sequence features the same way (their head's
+    bits 4-5 unused), then records as ``u16 length | bytes``."""
+    from streamio.decoders.example import parse_sequence_examples
+
+    def entry(i: Input) -> Tuple[int, bytes]:
+        return i.byte() % 3 + 1, i.take(i.byte() % 32)
+
+    inp = Input(data)
+    wrap, context = _spec(inp, entry)
+    _, sequence = _spec(inp, entry)
+    records = inp.records()
+    args = (tuple(name for _, name in context), tuple(kind for kind, _ in context),
+            tuple(name for _, name in sequence), tuple(kind for kind, _ in sequence))
+    fast = outcome(ck.parse_sequence_examples, [RECORD_WRAPS[wrap](r) for r in records], *args)
+    expect_equal("parse_sequence_examples outcome", fast,
+                 outcome(parse_sequence_examples, records, *args))
+
+
 PROTOBUF_KINDS = (2, 3, 7, 9)
 
 
@@ -511,6 +539,8 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
     Target("scan_recordio", ("scan_recordio",), run_scan_recordio,
            ("streamio.formats.recordio",)),
     Target("parse_examples", ("parse_examples",), run_parse_examples,
+           ("streamio.decoders.example", "streamio.decoders._wire")),
+    Target("parse_sequence_examples", ("parse_sequence_examples",), run_parse_sequence_examples,
            ("streamio.decoders.example", "streamio.decoders._wire")),
     Target("parse_recordio_protobuf", ("parse_recordio_protobuf",), run_parse_recordio_protobuf,
            ("streamio.decoders.recordio_protobuf", "streamio.decoders._wire")),
