@@ -333,8 +333,11 @@ def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = 
         first = source.peek()
         if isinstance(first, dict):
             source.spec = _spec_from_batch(first, batched)
-        return tf.data.Dataset.from_generator(source,
+        tfds = tf.data.Dataset.from_generator(source,
                                               output_signature=_signature_of(first, batched))
+        if batches is not None:
+            tfds = tfds.apply(tf.data.experimental.assert_cardinality(batches))
+        return tfds, source
     if decoder is not None:
         spec = decoder.output_spec()
         if spec is None:
