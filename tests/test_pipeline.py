@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import streamio
-from streamio.errors import CorruptRecordError, DecodeError, SourceError
+from streamio.errors import StreamioWarning, CorruptRecordError, DecodeError, SourceError
 from streamio.pipeline import Dataset, Prefetcher, ShuffleBuffer
 from streamio.pipeline.shuffle import NUMPY_MIN_BUFFER, derive_rng
 from streamio.pipeline.stats import STATS_KEYS
@@ -790,10 +790,15 @@ def test_csv_headers_are_read_before_shuffle_and_shard(tmp_path):
     ds = Dataset(paths, "csv", decoder=decoder).shuffle(50, seed=0).batch(16)
     ids = np.concatenate([b["id"] for b in ds]).tolist()
     assert sorted(ids) == list(range(100)) + list(range(100, 200))
-    # Round-robin shards of one file: each shard's decoder still learns the header.
-    shard_ids = [np.concatenate([b["id"] for b in Dataset(paths[0], "csv", decoder=decoder)
-                                 .shuffle(20, seed=0).batch(8).shard(3, i)]).tolist()
-                 for i in range(3)]
+    # Round-robin shards of one file (a CSV row may hold a quoted line break, so it is not split
+    # by byte range, and each reader is told so once): each shard's decoder still learns the
+    # header.
+    shard_ids = []
+    for i in range(3):
+        with pytest.warns(StreamioWarning, match="not split by byte range"):
+            shard_ids.append(np.concatenate([
+                b["id"] for b in Dataset(paths[0], "csv", decoder=decoder)
+                .shuffle(20, seed=0).batch(8).shard(3, i)]).tolist())
     assert sorted(i for s in shard_ids for i in s) == list(range(100))
     other = tmp_path / "other.csv"
     other.write_bytes(b"x,id\n1,2\n")
