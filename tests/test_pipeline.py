@@ -791,11 +791,11 @@ def test_csv_headers_are_read_before_shuffle_and_shard(tmp_path):
     ids = np.concatenate([b["id"] for b in ds]).tolist()
     assert sorted(ids) == list(range(100)) + list(range(100, 200))
     # Round-robin shards of one file (a CSV row may hold a quoted line break, so it is not split
-    # by byte range, and each reader is told so once): each shard's decoder still learns the
+    # by byte range, which is said once per source): each shard's decoder still learns the
     # header.
     shard_ids = []
-    for i in range(3):
-        with pytest.warns(StreamioWarning, match="not split by byte range"):
+    with pytest.warns(StreamioWarning, match="not split by byte range"):
+        for i in range(3):
             shard_ids.append(np.concatenate([
                 b["id"] for b in Dataset(paths[0], "csv", decoder=decoder)
                 .shuffle(20, seed=0).batch(8).shard(3, i)]).tolist())
