@@ -72,7 +72,9 @@ setup(
                 "moto[server]>=5", "isal>=1.6", "zlib-ng>=0.5",
                 # torchdata's StatefulDataLoader: the resume tests (tests/test_resume.py).
                 "torchdata>=0.8",
-                "backports.zstd>=1.0; python_version<'3.14'"],
+                "backports.zstd>=1.0; python_version<'3.14'",
+                # diagnose --plot draws its timeline with matplotlib (optional for users).
+                "matplotlib"],
     },
     entry_points={"console_scripts": ["streamio=streamio.cli:main"]},
 )

@@ -130,3 +130,12 @@ def test_dataloader_worker_runs(tmp_path, examples):
     [run] = d.workers
     assert run.name == "2 workers" and run.batches > 0 and run.records > 0
     assert "2 workers" in d.table()
+
+
+def test_plot_writes_a_png_timeline(tmp_path, examples):
+    pytest.importorskip("matplotlib")
+    ds = Dataset(examples, "tfrecord", decoder=Example(SPEC)).batch(256)
+    d = streamio.diagnose(ds, step_ms=2, seconds=1)
+    out = tmp_path / "t.png"
+    assert d.plot(str(out)) is True
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 2000
