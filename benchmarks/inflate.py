@@ -134,7 +134,7 @@ def main(argv: list) -> int:
         methods.append((f"streamio, FIFO, {backend}", fifo_run))
     for backend in _inflate.available():
         methods.append((f"inflate only (memory), {backend}",
-                        lambda backend=backend: inflate_only(data, backend)))
+                        lambda backend=backend: inflate_only(data, backend)))  # noqa: F821 (del after use)
     if shutil.which("gzip"):
         methods.append(("gzip -dc > /dev/null (file)", lambda: gzip_cli(path)))
     times = {name: [] for name, _ in methods}

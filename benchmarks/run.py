@@ -1,4 +1,4 @@
-"""Run the streamio benchmark (issue 6): ``python benchmarks/run.py --help``.
+"""Run the streamio benchmark: ``python benchmarks/run.py --help``.
 
 A thin wrapper: the benchmark lives in :mod:`streamio.bench` so that ``streamio bench`` runs the
 same code.

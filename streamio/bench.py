@@ -1313,8 +1313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffle-buffer", type=_positive, default=DEFAULT_SHUFFLE_BUFFER)
     p.add_argument("--pandas-chunksize", type=_positive, default=DEFAULT_PANDAS_CHUNKSIZE)
     p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help=f"comma-separated subset of {','.join(WORKLOADS)}; or 'images' alone for"
-                        " the image benchmark (its options: --workloads images --help)")
+                   help=f"comma-separated subset of {','.join(WORKLOADS)}; or 'images', 'ranges' or 'resume' alone for"
+                        " those benchmarks (their options: --workloads NAME --help)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every workload size (0.1 for a quick smoke run)")
     p.add_argument("--no-peers", action="store_true", help="run only the streamio side")
@@ -1327,15 +1327,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Workloads with options of their own, run alone: ``--workloads images|ranges|resume --help``.
+SEPARATE_WORKLOADS = ("images", "ranges", "resume")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the benchmark from command-line arguments; print the table; 0 on success."""
     argv = list(sys.argv[1:] if argv is None else argv)
     for i, arg in enumerate(argv):
-        if arg == "--workloads=images" or (arg == "--workloads" and argv[i + 1:i + 2] == ["images"]):
-            # The image benchmark has options of its own: it is its own module.
-            from .bench_images import main as images_main
+        name = (arg.split("=", 1)[1] if arg.startswith("--workloads=")
+                else argv[i + 1] if arg == "--workloads" and i + 1 < len(argv) else None)
+        if name in SEPARATE_WORKLOADS:
+            # These benchmarks have options of their own: each is its own module.
+            import importlib
 
-            return images_main(argv[:i] + argv[i + (1 if "=" in arg else 2):])
+            module = importlib.import_module(f"streamio.bench_{name}")
+            return module.main(argv[:i] + argv[i + (1 if "=" in arg else 2):])
     args = build_parser().parse_args(argv)
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     unknown = set(workloads) - set(WORKLOADS)
