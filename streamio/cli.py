@@ -202,21 +202,11 @@ def serve_pipe(channel: str, epochs: int, files: Sequence[str], *, start_epoch: 
 
 
 def _open_writer(fifo: str, timeout: float) -> int:
-    # O_WRONLY|O_NONBLOCK fails with ENXIO until a reader has the FIFO open: poll for it, so a
-    # reader that never comes cannot hang us forever.
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno != 6:  # ENXIO: no reader yet
-                raise
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no reader opened {fifo} within {timeout:g} s") from None
-            time.sleep(0.005)
-            continue
-        os.set_blocking(fd, True)
-        return fd
+    """Open ``fifo`` for writing once a reader has it open, within ``timeout`` (a SourceError
+    otherwise): the same wait as the SageMaker emulator's."""
+    from .sagemaker.emulator import _open_writer as open_fifo_writer
+
+    return open_fifo_writer(fifo, timeout)
 
 
 def cmd_serve_pipe(args) -> int:
