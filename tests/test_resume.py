@@ -24,6 +24,11 @@ from streamio.errors import UsageError
 
 from hostile_http import HostileHTTPServer
 
+# Notices from the libraries under test, not from streamio: torchdata calls a deprecated torch
+# API, and torch.distributed.checkpoint says it runs in a single process (as the test means).
+pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
+              pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+
 N_FILES = 3
 PER_FILE = 150  # records per source; ids are 1000 * source + index
 # The fixtures are module-scoped (built once), which Hypothesis cannot tell.
