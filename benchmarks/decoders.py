@@ -31,30 +31,19 @@ from typing import Callable, List
 
 import numpy as np
 
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+from streamio.decoders._wire import encode_varint, len_field
 
 
 def _entry(key: bytes, value: bytes) -> bytes:
-    return _len_field(1, _len_field(1, key) + _len_field(2, value))
+    return len_field(1, len_field(1, key) + len_field(2, value))
 
 
 def _float_feature(values) -> bytes:
-    return _len_field(2, _len_field(1, struct.pack("<%df" % len(values), *values)))
+    return len_field(2, len_field(1, struct.pack("<%df" % len(values), *values)))
 
 
 def _int64_feature(values) -> bytes:
-    return _len_field(3, _len_field(1, b"".join(_varint(v & (2 ** 64 - 1)) for v in values)))
+    return len_field(3, len_field(1, b"".join(encode_varint(v & (2 ** 64 - 1)) for v in values)))
 
 
 def sequence_records(n: int, seed: int = 0) -> List[bytes]:
@@ -66,9 +55,9 @@ def sequence_records(n: int, seed: int = 0) -> List[bytes]:
                    + _entry(b"user", _int64_feature([int(rng.integers(0, 1 << 40))])))
         emb = rng.standard_normal((steps, 4)).astype(np.float32)
         tok = rng.integers(0, 50_000, steps)
-        lists = (_entry(b"emb", b"".join(_len_field(1, _float_feature(row)) for row in emb))
-                 + _entry(b"tok", b"".join(_len_field(1, _int64_feature([int(t)])) for t in tok)))
-        out.append(_len_field(1, context) + _len_field(2, lists))
+        lists = (_entry(b"emb", b"".join(len_field(1, _float_feature(row)) for row in emb))
+                 + _entry(b"tok", b"".join(len_field(1, _int64_feature([int(t)])) for t in tok)))
+        out.append(len_field(1, context) + len_field(2, lists))
     return out
 
 

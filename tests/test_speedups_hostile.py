@@ -18,21 +18,12 @@ speedups = pytest.importorskip("streamio._speedups",
                                reason="C accelerator not built (python setup.py build_ext --inplace)")
 
 from streamio.decoders.example import parse_examples as example_reference  # noqa: E402
+from streamio.decoders._wire import len_field  # noqa: E402
 from streamio.decoders.recordio_protobuf import encode_recordio_protobuf  # noqa: E402
 from streamio.decoders.recordio_protobuf import parse_recordio_protobuf as protobuf_reference  # noqa: E402,E501
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+_field = len_field  # a length-delimited protobuf field: tag, length, payload
 
 
 def _example(key: bytes, value: float) -> bytes:
