@@ -10,7 +10,6 @@ import io
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -18,29 +17,10 @@ import streamio
 from streamio.errors import SourceError, UsageError
 from streamio.formats import encode_tfrecord
 from streamio.sources import PipeChannel
+from hang_guard import bounded
 
 RECORDS = [b"r%03d" % i for i in range(200)]
 DATA = b"".join(encode_tfrecord(r) for r in RECORDS)
-
-
-def bounded(fn, seconds=60.0):
-    """``fn()`` in a thread; a hang fails the test instead of the run."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():  # the lonely_fifo fixture's teardown then unblocks the reader
-        pytest.fail(f"still waiting after {seconds:g} s (a hang)")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def _unblock(path):

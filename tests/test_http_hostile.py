@@ -18,6 +18,7 @@ from streamio.formats import encode_tfrecord
 from streamio.sources import HttpSource
 
 from hostile_http import HostileHTTPServer, closed_port
+from hang_guard import bounded
 
 RECORDS = [b"record %04d " % i + bytes(range(i % 200)) for i in range(300)]
 DATA = b"".join(encode_tfrecord(r) for r in RECORDS)
@@ -37,27 +38,6 @@ def server():
 def _http(url, **kw):
     kw.setdefault("backoff", 0.01)
     return HttpSource(url, **kw)
-
-
-def bounded(fn, seconds=60.0):
-    """Run ``fn`` in a thread: its result or exception, or a test failure if it runs too long
-    (the code under test hanging must fail the test, not the whole run)."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        pytest.fail(f"still running after {seconds:g} s (a hang)")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 # -- records flow as their bytes arrive ------------------------------------------------------------
