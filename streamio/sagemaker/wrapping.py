@@ -20,6 +20,7 @@ records one record, which :func:`split_manifest_record` and
 from __future__ import annotations
 
 import struct
+from collections import deque
 from typing import Optional
 
 from ..errors import (CorruptRecordError, DecodeError, RecordTooLargeError,
@@ -141,7 +142,7 @@ class UnwrappedSource(ByteSource):
         self.name = inner.name
         self.separator = separator
         self._unwrapper = RecordIOUnwrapper(source=inner.name, max_object_size=max_object_size)
-        self._pending: list = []  # pieces ready to hand out, in order
+        self._pending: deque = deque()  # pieces ready to hand out, in order
         self._held = memoryview(b"")
         self._last = b""  # the end of the object being passed on (for the separator)
         self._buf = bytearray(1 << 20)
@@ -150,7 +151,7 @@ class UnwrappedSource(ByteSource):
     def readinto(self, buf: memoryview) -> int:
         while not self._held:
             if self._pending:
-                self._held = memoryview(self._pending.pop(0))
+                self._held = memoryview(self._pending.popleft())
                 continue
             if self._eof:
                 return 0
