@@ -352,3 +352,53 @@ def test_hint_after_decompression_describes_the_records_only():
         list(streamio.read_records(data, "tfrecord"))
     assert "looks like text: pass format='csv'" in str(info.value)
     assert "compress" not in str(info.value)
+
+
+# --- many small members in one large chunk ---------------------------------------------------------
+# A member's end makes the inflater copy the rest of its input; the codec feeds it INPUT_WINDOW
+# bytes at a time so that copy stays bounded. These check the windows are seamless: members cut
+# by a window boundary, padding across one, and offsets of garbage far into a chunk.
+
+def _tiny_members(compress, count: int):
+    parts = [bytes([i % 251]) * (i % 7) for i in range(count)]
+    return b"".join(compress(p) for p in parts), b"".join(parts)
+
+
+@pytest.mark.parametrize("name", ["zlib", "isal", "zlib-ng"])
+@pytest.mark.parametrize("kind", ["gzip", "zlib"])
+def test_thousands_of_members_in_one_chunk_for_every_inflater(name, kind):
+    from streamio.codecs.deflate import INPUT_WINDOW
+    module = zlib if name == "zlib" else need_backend(name)
+    compress = gzip.compress if kind == "gzip" else zlib.compress
+    data, plain = _tiny_members(compress, 30000)
+    assert len(data) > 3 * INPUT_WINDOW  # several windows, members cut at their boundaries
+    codec = ZlibCodec(kind, source="s", backend=module)
+    assert decode_in_pieces(codec, data, []) == plain
+    at = len(data)
+    with pytest.raises(CorruptRecordError) as info:
+        decode_in_pieces(ZlibCodec(kind, source="s", backend=module), data + b"junk", [])
+    assert f"compressed offset {at}" in str(info.value)
+    assert info.value.offset == len(plain)
+
+
+def test_zero_padding_between_members_across_a_window_boundary():
+    from streamio.codecs.deflate import INPUT_WINDOW
+    first = gzip.compress(PLAIN[:2000])
+    filler = gzip.compress(b"x" * 10)
+    count = (INPUT_WINDOW - 10) // len(filler) - len(first) // len(filler)
+    head = first + filler * count
+    data = head + b"\0" * (INPUT_WINDOW - len(head) + 30) + gzip.compress(PLAIN[2000:4000])
+    assert len(head) < INPUT_WINDOW < len(head) + (INPUT_WINDOW - len(head) + 30)
+    want = PLAIN[:2000] + b"x" * 10 * count + PLAIN[2000:4000]
+    assert decode_in_pieces(ZlibCodec("gzip", source="s"), data, []) == want
+
+
+def test_thousands_of_zstd_frames_in_one_chunk():
+    zstd = need_zstd()
+    from streamio.codecs.deflate import INPUT_WINDOW
+    from streamio.codecs.zstd import ZstdCodec
+    data, plain = _tiny_members(zstd.compress, 30000)
+    assert len(data) > 3 * INPUT_WINDOW
+    assert decode_in_pieces(ZstdCodec(source="s"), data, []) == plain
+    with pytest.raises(CorruptRecordError):
+        decode_in_pieces(ZstdCodec(source="s"), data + b"junk-junk-junk", [])

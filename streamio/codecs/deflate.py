@@ -17,6 +17,11 @@ from ..errors import CorruptRecordError, TruncatedStreamError
 #: enormously (a "zip bomb") never materialises at once: the framer's ``max_record_size`` bounds
 #: what is kept.
 MAX_PIECE = 4 * 1024 * 1024
+#: Compressed input is handed to the inflater at most this many bytes at a time. When a member
+#: ends, the inflater copies the rest of its input into ``unused_data``: fed a whole 4 MiB chunk
+#: of tiny members, that copy would cost O(chunk) per member (quadratic in the chunk). A window
+#: bounds it, and costs one more call per 64 KiB of a large member (nothing measurable).
+INPUT_WINDOW = 64 * 1024
 #: How many of the first raw bytes are kept to say what a stream that fails to inflate looks like.
 HEAD_BYTES = 16
 
@@ -102,13 +107,22 @@ class ZlibCodec:
             return
         if len(self._head) < HEAD_BYTES:
             self._head += bytes(chunk[:HEAD_BYTES - len(self._head)])
+        if size <= INPUT_WINDOW:
+            yield from self._decode_window(chunk)
+            return
+        view = memoryview(chunk).cast("B")
+        for start in range(0, size, INPUT_WINDOW):
+            yield from self._decode_window(view[start:start + INPUT_WINDOW])
+
+    def _decode_window(self, window: Any) -> Iterator[Union[bytes, bytearray]]:
+        size = len(window)
         base = self._in
         self._in += size
-        data = chunk
+        data = window
         decompress = self._d.decompress
         while True:
             if self._between:
-                # ``data`` is always a suffix of ``chunk``: its offset follows from its length.
+                # ``data`` is always a suffix of ``window``: its offset follows from its length.
                 data = self._next_member(data, base + size - len(data))
                 if not data:
                     return
@@ -148,4 +162,4 @@ class ZlibCodec:
             raise self._fault(TruncatedStreamError, "compressed stream ends early (cut short?)")
 
 
-__all__ = ["GZIP_MAGIC", "MAX_PIECE", "ZlibCodec", "zlib_header_ok"]
+__all__ = ["GZIP_MAGIC", "INPUT_WINDOW", "MAX_PIECE", "ZlibCodec", "zlib_header_ok"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..errors import CorruptRecordError, MissingDependencyError, TruncatedStreamError
-from .deflate import MAX_PIECE
+from .deflate import INPUT_WINDOW, MAX_PIECE
 
 
 def zstd_module() -> Any:
@@ -52,12 +52,21 @@ class ZstdCodec:
         return CorruptRecordError(message, source=self.source, offset=self._out)
 
     def decode(self, chunk: Any) -> Iterator[bytes]:
-        if not len(chunk):
+        size = len(chunk)
+        if not size:
             return
         if len(self._head) < 16:
             self._head += bytes(chunk[:16 - len(self._head)])
-        self._in += len(chunk)
-        data = chunk
+        if size <= INPUT_WINDOW:
+            yield from self._decode_window(chunk)
+            return
+        # In windows, as for gzip: a frame's end copies the rest of the input (unused_data).
+        view = memoryview(chunk).cast("B")
+        for start in range(0, size, INPUT_WINDOW):
+            yield from self._decode_window(view[start:start + INPUT_WINDOW])
+
+    def _decode_window(self, data: Any) -> Iterator[bytes]:
+        self._in += len(data)
         while True:
             self._started = True
             try:
