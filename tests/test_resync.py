@@ -71,6 +71,14 @@ def test_numpy_search_gives_the_loops_answer(data, limit, wrap, block, draw):
     assert find_tfrecord_sync(buf, pos, end, limit) == expected
 
 
+def test_no_run_of_one_byte_holds_a_sound_header():
+    # The numpy search skips a block of one repeated byte without a CRC on this ground.
+    for b in range(256):
+        run = bytes([b]) * 12
+        assert _find_tfrecord_sync_loop(run, 0, 12, (1 << 64) - 1) == -1, b
+        assert find_tfrecord_sync_numpy(bytes([b]) * 5000, 0, 5000, (1 << 64) - 1) == -1
+
+
 def test_the_numpy_search_leaves_no_export_behind():
     # The framer searches a memoryview of a bytearray it then releases and resizes.
     data = bytearray(bytes(5000) + encode_tfrecord(b"x"))

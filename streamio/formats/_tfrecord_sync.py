@@ -10,9 +10,10 @@ version to it with Hypothesis):
 1. The length at every offset is read through an unaligned strided ``<u8`` view (no copy) and
    compared with the limit. On random bytes a length within 256 MiB needs five zero bytes in a
    row, so almost no offset survives.
-2. Where many survive (runs of zeros, small integers), an offset whose 12 bytes equal those of
-   the offset before has the same verdict, so only the first of each such run is kept: a run of
-   zeros costs one CRC, not one per byte.
+2. A block that is one byte repeated (zeros, 0xFF padding) holds no sound header at all (no byte
+   value makes one), so it is passed over after one compare. Elsewhere, where many offsets
+   survive (small integers, mostly-zero data), an offset whose 12 bytes equal those of the
+   offset before has the same verdict, so only the first of each such run is kept.
 3. CRC-32C over a fixed 8 bytes is affine over GF(2): ``crc(a ^ b) = crc(a) ^ crc(b) ^
    crc(0)``. So the CRC of each surviving length is ``crc(0) ^ T0[l0] ^ T1[l1] ^ T2[l2] ^
    T3[l3]`` over its four 16-bit pieces, four table gathers per candidate.
@@ -86,6 +87,11 @@ def _masked_crc(data) -> int:
 def _first_in_block(buf, p: int, n: int, limit: int, scratch: tuple) -> int:
     """The first sound header among offsets ``[p, p + n)`` (bytes up to ``p + n + 11`` are in
     ``buf``), relative to ``p``, or -1. ``scratch``: a u64 and a u32 array of at least ``n``."""
+    window = np.frombuffer(buf, np.uint8, count=n + 11, offset=p)
+    if window[0] == window[-1] and not (window != window[0]).any():
+        # One byte repeated (zeros, 0xFF padding): every offset holds the same 12 bytes, and
+        # for none of the 256 byte values are they a sound header (tests/test_resync.py).
+        return -1
     # The u64 at every offset, unaligned: copied to an aligned array first, since numpy's
     # compares on unaligned data are 4x slower than that copy.
     lengths, crcs = scratch[0][:n], scratch[1][:n]
@@ -113,8 +119,8 @@ def _first_in_block(buf, p: int, n: int, limit: int, scratch: tuple) -> int:
 def find_tfrecord_sync_numpy(buf, pos: int, end: int, max_record_size: int) -> int:
     """Same contract and answers as ``tfrecord.find_tfrecord_sync``: the first ``q`` in
     ``[pos, end - 12]`` where a sound TFRecord header starts, or -1. ``buf`` is any contiguous
-    bytes-like object; nothing is copied, and no view of it outlives the call (the caller may
-    resize or release it afterwards)."""
+    bytes-like object; no view of it outlives the call (the caller may resize or release it
+    afterwards). Memory: a few bytes per offset of one block (at most ``MAX_BLOCK``)."""
     if max_record_size < 0:
         return -1  # no u64 length is within a negative limit
     limit = min(max_record_size, _U64_MAX)
