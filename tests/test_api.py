@@ -62,7 +62,7 @@ def test_pure_layers_import_nothing_that_does_io(layer):
 
 
 def test_every_registered_framer_is_defined_in_formats():
-    import streamio.sagemaker  # noqa: F401 - registers nothing more, but once did
+    import streamio.sagemaker  # noqa: F401 - so a format it registered would be checked too
     from streamio.formats import FORMATS, make_framer
 
     options = {"sagemaker-manifest": {"attributes": 2}}
