@@ -26,18 +26,63 @@ def test_all_is_sorted_and_complete():
         assert name in streamio.__all__
 
 
+# What a pure layer may import from streamio itself: the other pure layers, the errors and the
+# C kernels. Anything else (sources, reader, pipeline, sagemaker, ...) reads or writes.
+PURE_STREAMIO_MODULES = {"formats", "decoders", "codecs", "errors", "_speedups"}
+
+
+def _imported_modules(path: pathlib.Path) -> list:
+    """Every module ``path`` imports, relative imports resolved to ``streamio.*`` names."""
+    package = ["streamio", *path.relative_to(PKG).parent.parts]
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module or "")
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1])
+            if node.module:
+                names.append(f"{base}.{node.module}")
+            else:  # from .. import sources
+                names += [f"{base}.{a.name}" for a in node.names]
+    return names
+
+
 @pytest.mark.parametrize("layer", ["formats", "decoders", "codecs"])
 def test_pure_layers_import_nothing_that_does_io(layer):
-    for path in (PKG / layer).glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names = [node.module or ""]
-            for name in names:
-                assert name.split(".")[0] not in IO_MODULES, f"{path.name} imports {name}"
+    paths = sorted((PKG / layer).rglob("*.py"))
+    assert paths
+    for path in paths:
+        for name in _imported_modules(path):
+            parts = name.split(".")
+            assert parts[0] not in IO_MODULES, f"{path.name} imports {name}"
+            if parts[0] == "streamio" and len(parts) > 1:
+                assert parts[1] in PURE_STREAMIO_MODULES, f"{path.name} imports {name}"
+
+
+def test_every_registered_framer_is_defined_in_formats():
+    import streamio.sagemaker  # noqa: F401 - so a format it registered would be checked too
+    from streamio.formats import FORMATS, make_framer
+
+    options = {"sagemaker-manifest": {"attributes": 2}}
+    for name in FORMATS:
+        framer = make_framer(name, source="s", **options.get(name, {}))
+        module = type(framer).__module__
+        assert module.startswith("streamio.formats."), f"format {name!r}: {module}"
+
+
+def test_sans_io_sagemaker_parts_stay_importable_from_their_first_home():
+    from streamio import formats, sagemaker
+    from streamio.formats import sagemaker_wrapping, whole_object
+    from streamio.sagemaker import wrapping
+
+    for name in ("RecordIOUnwrapper", "ManifestGroupFramer", "split_manifest_record"):
+        assert getattr(wrapping, name) is getattr(sagemaker_wrapping, name)
+        assert name in wrapping.__all__
+    assert sagemaker.split_manifest_record is sagemaker_wrapping.split_manifest_record
+    assert sagemaker.WholeObjectFramer is whole_object.WholeObjectFramer
+    assert formats.FORMATS["object"] and formats.FORMATS["sagemaker-manifest"]
 
 
 def test_no_seek_tell_or_getsize_anywhere():

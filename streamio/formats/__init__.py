@@ -10,8 +10,10 @@ from typing import Any, Callable
 
 from ._base import DEFAULT_MAX_RECORD_SIZE, ON_ERROR_CHOICES
 from .recordio import MULTIPART_CHOICES, RecordIOFramer, encode_recordio
+from .sagemaker_wrapping import ManifestGroupFramer
 from .text import TextRowFramer
 from .tfrecord import TFRecordFramer, encode_tfrecord, masked_crc32c
+from .whole_object import WholeObjectFramer
 from ..errors import UsageError, UsageTypeError
 
 FramerFactory = Callable[..., Any]
@@ -53,11 +55,25 @@ def _lines(*, verify, on_error, max_record_size, source, multipart):
                          max_record_size=max_record_size, source=source)
 
 
+def _manifest(*, verify, on_error, max_record_size, source, multipart, attributes):
+    return ManifestGroupFramer(attributes=attributes, on_error=on_error,
+                               max_record_size=max_record_size, source=source)
+
+
+def _object(*, verify, on_error, max_record_size, source, multipart):
+    return WholeObjectFramer(max_record_size=max_record_size, source=source)
+
+
 register_format("tfrecord", _tfrecord)
 register_format("recordio", _recordio)
 # The delimiter matters to framing: a quote opens a quoted field only at the start of a field.
 register_format("csv", _csv, frozenset({"quotechar", "delimiter", "csv_quoted_newlines"}))
 register_format("lines", _lines)
+# SageMaker channels (streamio.sagemaker picks these from the channel's config): augmented
+# manifest lines regrouped from their RecordIO-wrapped attributes, and a whole object as one
+# record (images).
+register_format("sagemaker-manifest", _manifest, frozenset({"attributes"}))
+register_format("object", _object)
 
 
 def make_framer(format: str, *, source: str, verify: bool = True, on_error: str = "raise",

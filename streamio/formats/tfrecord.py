@@ -18,6 +18,7 @@ import crc32c as _crc32c
 from ..errors import CorruptRecordError, FormatError, RecordTooLargeError
 from ._base import DEFAULT_MAX_RECORD_SIZE, OnError
 from ._framing import BAD_DATA, BAD_HEADER, OK, TOO_LARGE, LengthPrefixedFramer
+from ._tfrecord_sync import find_tfrecord_sync_numpy
 
 HEADER_SIZE = 12
 FOOTER_SIZE = 4
@@ -66,15 +67,29 @@ def scan_tfrecords(buf, pos: int, end: int, verify: bool, max_record_size: int,
     return pos, OK
 
 
+# Below this many bytes the loop beats numpy's set-up cost (the junction of two chunks, a
+# header probed at a range boundary): about 10 us against 0.2 us per offset.
+_LOOP_SPAN = 76
+
+
 def find_tfrecord_sync(buf, pos: int, end: int, max_record_size: int) -> int:
     """The first ``q`` in ``[pos, end - 12]`` where a sound TFRecord header starts, or -1.
 
     Sound: the length is within ``max_record_size`` and its masked CRC checks out (always checked
     here, even with verify=False: it is the only way to tell a frame boundary from payload bytes).
-    Reference of ``streamio._speedups.find_tfrecord_sync``. It tests every offset; the CRC of a
-    length is computed once per distinct length in a row (garbage such as a run of zeros repeats
-    one), and lengths over the limit are rejected before any CRC.
+    Reference of ``streamio._speedups.find_tfrecord_sync``, and what the framer uses without
+    it: :func:`_find_tfrecord_sync_loop` (the specification) for a few offsets, the numpy
+    version (same answers, 40-200x faster on a long search) for more.
     """
+    if end - pos < _LOOP_SPAN:
+        return _find_tfrecord_sync_loop(buf, pos, end, max_record_size)
+    return find_tfrecord_sync_numpy(buf, pos, end, max_record_size)
+
+
+def _find_tfrecord_sync_loop(buf, pos: int, end: int, max_record_size: int) -> int:
+    """``find_tfrecord_sync`` spelled out: it tests every offset; the CRC of a length is
+    computed once per distinct length in a row (garbage such as a run of zeros repeats one), and
+    lengths over the limit are rejected before any CRC."""
     unpack = _HEADER.unpack_from
     last_length, last_crc = -1, 0
     for q in range(pos, end - HEADER_SIZE + 1):

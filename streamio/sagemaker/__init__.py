@@ -44,9 +44,9 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from ..decoders import Csv, RecordIOProtobuf
-from ..errors import DecodeError, RecordTooLargeError, UsageError, UsageTypeError
-from ..formats import register_format
+from ..errors import DecodeError, UsageError, UsageTypeError
 from ..formats._base import DEFAULT_MAX_RECORD_SIZE
+from ..formats.whole_object import WholeObjectFramer  # format "object", registered there
 from ..pipeline import Dataset
 from ..sources import PipeChannel
 from .config import (SAGEMAKER_ROOT, ChannelConfig, ConfigError, ResourceConfig, channels,
@@ -94,42 +94,6 @@ def _default_decoder(content_type: Optional[str]) -> Any:
         # SageMaker's CSV convention: no header, the label first (label_size=0: no label).
         return Csv() if params.get("label_size") == "0" else Csv(label_column=0)
     return None
-
-
-# -- a whole object as one record ----------------------------------------------------------
-class WholeObjectFramer:
-    """Format ``"object"``: the whole stream is one record (an image file, say); bounded by
-    ``max_record_size``, checked as bytes arrive. An empty stream is no record."""
-
-    def __init__(self, *, max_record_size: int, source: str) -> None:
-        self.max_record_size = max_record_size
-        self.source = source
-        self._buf = bytearray()
-        self.records = self.skipped_records = self.skipped_bytes = 0
-        self.offset = 0
-
-    def feed(self, chunk) -> list:
-        if len(self._buf) + len(chunk) > self.max_record_size:
-            raise RecordTooLargeError(
-                f"object exceeds max_record_size={self.max_record_size}", source=self.source,
-                offset=0, record_index=0)
-        self._buf += chunk
-        self.offset += len(chunk)
-        return []
-
-    def finish(self) -> list:
-        if not self._buf:
-            return []
-        self.records = 1
-        out, self._buf = bytes(self._buf), bytearray()
-        return [out]
-
-
-def _object(*, verify, on_error, max_record_size, source, multipart):
-    return WholeObjectFramer(max_record_size=max_record_size, source=source)
-
-
-register_format("object", _object)
 
 
 # -- augmented manifests ----------------------------------------------------------------------
