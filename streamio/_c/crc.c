@@ -349,6 +349,7 @@ static uint32_t crc32c_copy_portable(uint32_t crc, unsigned char *dst, const uns
 }
 
 crc_fn crc32c_update = crc32c_portable; /* chosen at import */
+static crc_fn crc32c_sse42_or_portable = crc32c_portable; /* for tests on AVX-512 machines */
 crc_copy_fn crc32c_copy = crc32c_copy_portable;
 int crc_is_hardware = 0;
 
@@ -362,6 +363,7 @@ void crc_init(void)
         crc_zeros_table(crc_short_zeros, CRC_SHORT);
         crc32c_update = crc32c_sse42;
         crc32c_copy = crc32c_copy_sse42;
+        crc32c_sse42_or_portable = crc32c_sse42;
         crc_is_hardware = 1;
         if (os_saves_zmm()) {
             fold_constants(fold_block_k, 8 * FOLD_BLOCK);
@@ -420,8 +422,19 @@ static PyObject *py_crc32c_portable(PyObject *self, PyObject *args)
     return crc_common(args, crc32c_portable, "y*|k:crc32c_portable");
 }
 
+PyDoc_STRVAR(crc32c_sse42_doc,
+"crc32c_sse42(data, value=0) -> int\n\n"
+"The crc32-instruction CRC-32C (three interleaved streams) that CPUs without AVX-512 use;\n"
+"the table-driven one where SSE4.2 is missing too (exposed for tests).");
+
+static PyObject *py_crc32c_sse42(PyObject *self, PyObject *args)
+{
+    return crc_common(args, crc32c_sse42_or_portable, "y*|k:crc32c_sse42");
+}
+
 PyMethodDef crc_methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
     {"crc32c_portable", py_crc32c_portable, METH_VARARGS, crc32c_portable_doc},
+    {"crc32c_sse42", py_crc32c_sse42, METH_VARARGS, crc32c_sse42_doc},
     {NULL, NULL, 0, NULL},
 };
