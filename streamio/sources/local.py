@@ -72,7 +72,19 @@ class _PolledReads(ByteSource):
         self._poll = select.poll()
         self._poll.register(self._fd, select.POLLIN | select.POLLPRI)
 
+    # A non-blocking fd (a FIFO we opened) is read first and polled only when it has nothing:
+    # one system call per read instead of two while the writer keeps ahead. Not before the
+    # first data: a FIFO with no writer yet reads as end of stream.
+    _try_before_poll = False
+
     def _polled_read(self, buf: memoryview) -> int:
+        if self._try_before_poll and not self._first:
+            try:
+                return os.readv(self._fd, [buf])
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise SourceError(f"read failed: {exc.strerror}", source=self.name) from exc
         timeout = self.open_timeout if self._first else self.read_timeout
         deadline = None
         if timeout is not None and math.isfinite(timeout):
@@ -121,6 +133,7 @@ class FileSource(_PolledReads):
         self._init_polling(read_timeout if open_timeout is None else open_timeout, read_timeout)
         if self._is_fifo:
             self.pipe_size = enlarge_pipe(self._fd, pipe_buffer)
+            self._try_before_poll = True  # opened O_NONBLOCK above
 
     @property
     def is_fifo(self) -> bool:

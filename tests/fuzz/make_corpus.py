@@ -77,7 +77,8 @@ def _flip(data: bytes, rng: random.Random, flips: int = 1) -> bytes:
 def _some_records(rng: random.Random) -> List[List[bytes]]:
     return [[], [b""], [b"a"], [b"hello world %d" % i for i in range(5)],
             [rng.randbytes(rng.choice([1, 7, 100, 500])) for _ in range(6)],
-            [b"x" * 1500, b"", b"y" * 3]]
+            [b"x" * 1500, b"", b"y" * 3],
+            [rng.randbytes(n) for n in (512, 1000, 2047)]]  # copied while folded (AVX-512)
 
 
 def scan_tfrecords_seeds(rng: random.Random) -> List[bytes]:
@@ -315,7 +316,9 @@ def shuffle_seeds(rng: random.Random) -> List[bytes]:
 
 def crc32c_seeds(rng: random.Random) -> List[bytes]:
     seeds = [T.encode_crc32c(b"123456789"), T.encode_crc32c(b"", start=0xFFFFFFFF)]
-    for length in (1, 7, 8, 64, 255, 767, 768, 769, 3000):
+    # 511/512/513...: around the length where the AVX-512 kernel starts folding (2 blocks of
+    # 256), its 64-byte steps and the crc32-instruction tail after them.
+    for length in (1, 7, 8, 64, 255, 511, 512, 513, 575, 767, 768, 769, 831, 3000, 4000):
         seeds.append(T.encode_crc32c(rng.randbytes(length), offset=length % 8,
                                      start=rng.getrandbits(32) if length % 2 else None))
     return seeds

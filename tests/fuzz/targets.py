@@ -476,7 +476,7 @@ def run_crc32c(ck: ModuleType, data: bytes) -> None:
     offset = flags & 7
     payload = inp.rest()
     view = memoryview(bytes(offset) + payload)[offset:]
-    for name in ("crc32c", "crc32c_portable"):
+    for name in ("crc32c", "crc32c_portable", "crc32c_sse42"):
         fn = getattr(ck, name, None)
         if fn is None:
             continue
@@ -549,7 +549,7 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
            ("streamio.pipeline.shuffle",)),
     Target("shuffle_exchange_int64", ("shuffle_exchange_int64",), run_shuffle_exchange_int64,
            ("streamio.pipeline.shuffle",)),
-    Target("crc32c", ("crc32c", "crc32c_portable"), run_crc32c, ()),
+    Target("crc32c", ("crc32c", "crc32c_portable", "crc32c_sse42"), run_crc32c, ()),
     Target("find_sync", ("find_tfrecord_sync", "find_recordio_sync"), run_find_sync,
            ("streamio.formats.tfrecord", "streamio.formats.recordio")),
 ]}
