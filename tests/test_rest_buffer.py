@@ -6,9 +6,7 @@ kernels and with the pure-Python reference."""
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
