@@ -522,6 +522,41 @@ def _connect(address: Any, timeout: float, dealer: str) -> socket.socket:
             time.sleep(0.01)  # the dealer has not bound its socket yet
 
 
+class _ParentWatch:
+    """In a DataLoader worker: closes the client's socket when the worker's parent (its rank's
+    main process) dies, so that the dealer learns at once that this rank is gone. Without it the
+    worker would live on until torch's own watchdog (every 5 s) noticed, holding blocks the dead
+    rank will never deliver, and the other ranks could finish the epoch with records missing."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        import multiprocessing
+        from multiprocessing.connection import wait
+
+        parent = multiprocessing.parent_process()
+        self._stop = threading.Event()
+        if parent is None or parent.sentinel is None:
+            self._thread = None  # a main process: its death closes the socket itself
+            return
+
+        def run() -> None:
+            while not self._stop.is_set():
+                if wait([parent.sentinel], timeout=_POLL_S):  # readable: the parent is gone
+                    if not self._stop.is_set():
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)  # no goodbye: a lost reader
+                        except OSError:
+                            pass
+                    return
+
+        self._thread = threading.Thread(target=run, name="streamio-parent-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        # Not joined (it wakes every _POLL_S): once stopped it never touches the socket, and a
+        # closed socket object refuses shutdown() rather than reaching a reused descriptor.
+        self._stop.set()
+
+
 class SharedStreamFeed:
     """The source end of one reader's epoch over a shared stream.
 
@@ -557,8 +592,10 @@ class SharedStreamFeed:
             dealer.start()
         ended = False
         sock = None
+        watch = None
         try:
             sock = _connect(self.address, self.connect_timeout, self.dealer_name)
+            watch = _ParentWatch(sock)
             sock.sendall(_HELLO.pack(self.local_rank, self.worker, self.num_workers,
                                      self.local_world_size))
             while True:
@@ -579,6 +616,8 @@ class SharedStreamFeed:
                 run.names[int(ids[0]) >> _INDEX_BITS] = name
                 yield records, (ids if run.track_ids else None)
         finally:
+            if watch is not None:
+                watch.stop()
             if sock is not None:
                 if not ended:
                     try:

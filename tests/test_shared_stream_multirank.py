@@ -1,0 +1,253 @@
+"""The local ranks of one host sharing one FIFO (torchrun on an 8-GPU host; SageMaker gives each
+host one FIFO per channel): real rank processes (tests/scripts/multirank_check.py), each with
+its own DataLoader, read one FIFO that another process feeds; local rank 0's worker 0 deals."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import streamio
+from streamio import Dataset
+from streamio.adapters.shared_stream import SharedStreamFeed, stream_address
+from streamio.decoders import encode_example
+
+from hang_guard import bounded
+
+pytest.importorskip("torch")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "scripts", "multirank_check.py")
+N = 400
+EPOCHS = 2
+
+
+def write_data(path: str, first: int) -> str:
+    streamio.write_records(path, "tfrecord", (
+        encode_example({"id": i, "x": np.full(4, i, np.float32)})
+        for i in range(first, first + N)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multirank-data")
+    return {"a": write_data(str(root / "a.tfrecord"), 0),
+            "b": write_data(str(root / "b.tfrecord"), 10_000)}
+
+
+def clean_env(**extra: object) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class Job:
+    """Rank processes and the writers that feed their FIFOs; everything is killed at the end."""
+
+    def __init__(self, tmp_path) -> None:
+        self.tmp = tmp_path
+        self.procs: list = []
+        self.outs: dict = {}
+
+    def channel(self, name: str, data: str, epochs: int = EPOCHS) -> str:
+        prefix = str(self.tmp / name)
+        self.procs.append(subprocess.Popen(
+            [sys.executable, "-m", "streamio", "serve-pipe", "--channel", prefix, "--epochs",
+             str(epochs), "--open-timeout", "60", data], stderr=subprocess.DEVNULL))
+        return "channel:" + prefix
+
+    def fifo(self, name: str, data: str, ranks: int, epochs: int = EPOCHS) -> tuple:
+        """One FIFO path refilled each epoch (after every rank finished the last one)."""
+        path = str(self.tmp / name)
+        os.mkfifo(path)
+        markers = str(self.tmp / (name + "-markers"))
+        os.mkdir(markers)
+        self.procs.append(subprocess.Popen(
+            [sys.executable, SCRIPT, "write", path, data, str(epochs), markers, str(ranks)]))
+        return path, markers
+
+    def rank(self, name: str, source: str, *args: object, env: dict | None = None) -> None:
+        out = str(self.tmp / f"{name}.json")
+        self.outs[name] = out
+        self.procs.append(subprocess.Popen(
+            [sys.executable, SCRIPT, "rank", out, source, *map(str, args)],
+            env=env or clean_env()))
+
+    def results(self, seconds: float = 100.0) -> dict:
+        """Each rank's outcome (None for one that died), waiting at most ``seconds`` in all."""
+        def wait() -> dict:
+            found = {}
+            for name, out in self.outs.items():
+                while not os.path.exists(out):
+                    if all(p.poll() is not None for p in self.procs[-len(self.outs):]):
+                        break
+                    time.sleep(0.05)
+                found[name] = json.load(open(out)) if os.path.exists(out) else None
+            return found
+        return bounded(wait, seconds)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def job(tmp_path):
+    j = Job(tmp_path)
+    yield j
+    j.close()
+
+
+def assert_exactly_once(results: dict, expected: set, epochs: int = EPOCHS) -> None:
+    for name, result in results.items():
+        assert result is not None and result["error"] is None, (name, result)
+        assert result["tensorflow_imported"] is False
+        assert len(result["epochs"]) == epochs, name
+    for epoch in range(epochs):
+        seen = collections.Counter()
+        for result in results.values():
+            seen.update(result["epochs"][epoch])
+        assert set(seen) == expected, f"epoch {epoch}: {len(expected - set(seen))} missing"
+        assert max(seen.values()) == 1, f"epoch {epoch}: a record went to two readers"
+
+
+def test_two_ranks_from_torchrun_variables_share_one_fifo_over_epochs(job, data):
+    """RANK/LOCAL_RANK/... as torchrun sets them, to_torch() without arguments, 2 workers per
+    rank, one FIFO path reopened for each of two epochs."""
+    path, markers = job.fifo("shared.fifo", data["a"], ranks=2)
+    for r in range(2):
+        job.rank(f"rank{r}", path, "--workers", 2, "--markers", markers,
+                 env=clean_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2,
+                               MASTER_ADDR="127.0.0.1", MASTER_PORT=29511))
+    results = job.results()
+    assert_exactly_once(results, set(range(N)))
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_two_ranks_with_explicit_arguments_share_a_pipe_channel(job, data, workers):
+    """to_torch(rank=, world_size=, local_rank=, local_world_size=), a PipeChannel (a new FIFO
+    each epoch, SageMaker's convention); num_workers=0 puts the dealer in rank 0's main
+    process."""
+    source = job.channel("train", data["a"])
+    for r in range(2):
+        job.rank(f"rank{r}", source, "--workers", workers, "--rank", r, "--world", 2,
+                 "--local-rank", r, "--local-world", 2)
+    assert_exactly_once(job.results(), set(range(N)))
+
+
+@pytest.mark.parametrize("mode, workers", [("replicated", 2), ("sharded", 0)])
+def test_two_nodes_of_two_ranks_each_read_their_own_fifo(job, data, mode, workers):
+    """Simulated hosts: ranks 0-1 share node 0's FIFO, ranks 2-3 node 1's. "replicated": both
+    FIFOs carry the same records and each node keeps its half; "sharded": each carries its own
+    and each node keeps all of them."""
+    sources = [job.channel("node0", data["a"], epochs=1),
+               job.channel("node1", data["a"] if mode == "replicated" else data["b"], epochs=1)]
+    for r in range(4):
+        job.rank(f"rank{r}", sources[r // 2], "--workers", workers, "--node-streams", mode,
+                 "--epochs", 1,
+                 env=clean_env(RANK=r, WORLD_SIZE=4, LOCAL_RANK=r % 2, LOCAL_WORLD_SIZE=2))
+    results = job.results()
+    expected = set(range(N)) if mode == "replicated" else set(range(N)) | set(range(10_000,
+                                                                                 10_000 + N))
+    assert_exactly_once(results, expected, epochs=1)
+    if mode == "replicated":  # a node's share is its own: node 0 even positions, node 1 odd
+        for r, result in results.items():
+            node = int(r[-1]) // 2
+            assert all(i % 2 == node for e in result["epochs"] for i in e), r
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_rank_that_dies_ends_the_epoch_with_an_error_on_the_other(job, data, victim):
+    """The victim kills itself (SIGKILL) after 3 batches; the other rank must end with a streamio
+    error within the bound (rank 1: the dealer names it; rank 0: the dealer dies with it)."""
+    source = job.channel("train", data["a"], epochs=1)
+    for r in range(2):
+        extra = ("--die-after", 3) if r == victim else ()
+        job.rank(f"rank{r}", source, "--workers", 2, "--slow", 0.1, "--epochs", 1,
+                 "--rank", r, "--world", 2, "--local-rank", r, "--local-world", 2, *extra)
+    results = job.results(seconds=60)
+    assert results[f"rank{victim}"] is None  # it died
+    survivor = results[f"rank{1 - victim}"]
+    assert survivor is not None, "the surviving rank did not finish"
+    error = survivor["error"]
+    assert error is not None and error["streamio"] and error["type"] == "SourceError", survivor
+    if victim == 1:
+        assert "of local rank 1 left" in error["message"], error
+    else:
+        assert "local rank 0" in error["message"], error  # "... left" or "... stopped"
+
+
+def test_a_late_rank_is_served_and_a_missing_one_named(job, data):
+    """Rank 1 starts seconds after rank 0: no error, every record once. In a second job of two
+    local ranks only rank 0 ever starts: after connect_timeout it ends with a SourceError that
+    names local rank 1."""
+    source = job.channel("train", data["a"], epochs=1)
+    job.rank("rank0", source, "--workers", 1, "--epochs", 1, "--rank", 0, "--world", 2,
+             "--local-rank", 0, "--local-world", 2)
+    job.rank("rank1", source, "--workers", 1, "--epochs", 1, "--rank", 1, "--world", 2,
+             "--local-rank", 1, "--local-world", 2, "--delay", 4)
+    lonely = job.channel("lonely", data["a"], epochs=1)
+    job.rank("alone", lonely, "--workers", 2, "--epochs", 1, "--rank", 0, "--world", 2,
+             "--local-rank", 0, "--local-world", 2, "--connect-timeout", 6)
+    results = job.results()
+    alone = results.pop("alone")
+    assert_exactly_once(results, set(range(N)), epochs=1)
+    error = alone["error"]
+    assert error is not None and error["type"] == "SourceError", alone
+    assert "local rank 1 (none of its readers)" in error["message"], error
+    assert "connect_timeout" in error["message"]
+
+
+def test_plan_takes_the_shared_path_for_local_ranks(tmp_path, monkeypatch):
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    path = str(tmp_path / "pipe")
+    os.mkfifo(path)
+    tds = Dataset(path, "tfrecord").to_torch()
+    # torchrun's variables place rank 3 of 4 as local rank 1 of 2 on node 1.
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(streamio.UsageError, match="node_streams"):
+        tds.plan(epoch=0, rank=3, world_size=4, worker=0, num_workers=2)
+    tds = Dataset(path, "tfrecord").to_torch(node_streams="sharded")
+    feed = tds.plan(epoch=0, rank=3, world_size=4, worker=1, num_workers=2)._feed
+    assert isinstance(feed, SharedStreamFeed)
+    assert (feed.local_rank, feed.local_world_size, feed.worker) == (1, 2, 1)
+    # Every local rank meets at the same address; another epoch or another job elsewhere.
+    same = Dataset(path, "tfrecord").to_torch(node_streams="sharded").plan(
+        epoch=0, rank=2, world_size=4, worker=0, num_workers=2)._feed
+    assert same.address == feed.address
+    assert stream_address([path], 1) != feed.address
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    assert stream_address([path], 0) != feed.address
+    # Explicit arguments win over the environment, and must fit the rank.
+    feed = Dataset(path, "tfrecord").to_torch(local_rank=0, local_world_size=4).plan(
+        epoch=0, rank=0, world_size=4, worker=0, num_workers=1)._feed
+    assert feed.local_world_size == 4
+    with pytest.raises(streamio.UsageError, match="does not fit"):
+        Dataset(path, "tfrecord").to_torch(local_rank=1, local_world_size=2).plan(
+            epoch=0, rank=0, world_size=2)
+    with pytest.raises(streamio.UsageError):
+        Dataset(path, "tfrecord").to_torch(local_rank=1)
+    with pytest.raises(streamio.UsageError):
+        Dataset(path, "tfrecord").to_torch(node_streams="both")
+    # stdin cannot be named by another process: a clear error, not a dealer nobody finds.
+    with pytest.raises(streamio.UsageError, match="cannot be shared between the ranks"):
+        Dataset("-", "tfrecord").to_torch().plan(epoch=0, rank=0, world_size=2,
+                                                 local_rank=0, local_world_size=2)
+    # One rank per host and one worker: the host's only reader keeps its node's share itself.
+    plan = Dataset(path, "tfrecord").to_torch(node_streams="replicated").plan(
+        epoch=0, rank=1, world_size=2, local_rank=0, local_world_size=1)
+    assert plan._feed is None and plan._round_robin == ((2, 1),)
