@@ -58,6 +58,7 @@ class Job:
         self.tmp = tmp_path
         self.procs: list = []
         self.outs: dict = {}
+        self.ranks: dict = {}
 
     def channel(self, name: str, data: str, epochs: int = EPOCHS) -> str:
         prefix = str(self.tmp / name)
@@ -76,21 +77,24 @@ class Job:
             [sys.executable, SCRIPT, "write", path, data, str(epochs), markers, str(ranks)]))
         return path, markers
 
+    def out_of(self, name: str) -> str:
+        return str(self.tmp / (name.replace("/", "-") + ".json"))
+
     def rank(self, name: str, source: str, *args: object, env: dict | None = None) -> None:
-        out = str(self.tmp / f"{name}.json")
+        out = self.out_of(name)
         self.outs[name] = out
-        self.procs.append(subprocess.Popen(
+        self.ranks[name] = subprocess.Popen(
             [sys.executable, SCRIPT, "rank", out, source, *map(str, args)],
-            env=env or clean_env()))
+            env=env or clean_env())
+        self.procs.append(self.ranks[name])
 
     def results(self, seconds: float = 100.0) -> dict:
         """Each rank's outcome (None for one that died), waiting at most ``seconds`` in all."""
         def wait() -> dict:
             found = {}
             for name, out in self.outs.items():
-                while not os.path.exists(out):
-                    if all(p.poll() is not None for p in self.procs[-len(self.outs):]):
-                        break
+                proc = self.ranks[name]
+                while not os.path.exists(out) and proc.poll() is None:
                     time.sleep(0.05)
                 found[name] = json.load(open(out)) if os.path.exists(out) else None
             return found
@@ -101,13 +105,6 @@ class Job:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-
-
-@pytest.fixture
-def job(tmp_path):
-    j = Job(tmp_path)
-    yield j
-    j.close()
 
 
 def assert_exactly_once(results: dict, expected: set, epochs: int = EPOCHS) -> None:
@@ -123,63 +120,113 @@ def assert_exactly_once(results: dict, expected: set, epochs: int = EPOCHS) -> N
         assert max(seen.values()) == 1, f"epoch {epoch}: a record went to two readers"
 
 
-def test_two_ranks_from_torchrun_variables_share_one_fifo_over_epochs(job, data):
-    """RANK/LOCAL_RANK/... as torchrun sets them, to_torch() without arguments, 2 workers per
-    rank, one FIFO path reopened for each of two epochs."""
-    path, markers = job.fifo("shared.fifo", data["a"], ranks=2)
-    for r in range(2):
-        job.rank(f"rank{r}", path, "--workers", 2, "--markers", markers,
-                 env=clean_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2,
-                               MASTER_ADDR="127.0.0.1", MASTER_PORT=29511))
-    results = job.results()
-    assert_exactly_once(results, set(range(N)))
+def group(results: dict, prefix: str) -> dict:
+    return {name: r for name, r in results.items() if name.startswith(prefix + "/")}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, data):
+    """Every scenario that should deliver each record once, run at the same time (each is a few
+    processes that mostly wait for torch to import: together they take little more than one).
+
+    - ``env``: RANK/LOCAL_RANK/... as torchrun sets them, to_torch() without arguments, 2
+      workers per rank, one FIFO path reopened for each of two epochs;
+    - ``w0``/``w3``: to_torch(rank=, world_size=, local_rank=, local_world_size=), a PipeChannel
+      (a new FIFO each epoch, SageMaker's convention), num_workers 0 (the dealer in rank 0's main
+      process) and 3;
+    - ``replicated``/``sharded``: two simulated hosts of two ranks, each host its own FIFO
+      (ranks 0-1 node 0, ranks 2-3 node 1); "replicated": both carry the same records and each
+      node keeps its half; "sharded": each carries its own and each node keeps all;
+    - ``late``: rank 1 starts seconds after rank 0.
+    """
+    job = Job(tmp_path_factory.mktemp("served"))
+    try:
+        path, markers = job.fifo("shared.fifo", data["a"], ranks=2)
+        for r in range(2):
+            job.rank(f"env/{r}", path, "--workers", 2, "--markers", markers,
+                     env=clean_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2,
+                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=29511))
+        for workers in (0, 3):
+            source = job.channel(f"train{workers}", data["a"])
+            for r in range(2):
+                job.rank(f"w{workers}/{r}", source, "--workers", workers, "--rank", r,
+                         "--world", 2, "--local-rank", r, "--local-world", 2)
+        for mode, workers in (("replicated", 2), ("sharded", 0)):
+            sources = [job.channel(f"{mode}-node0", data["a"], epochs=1),
+                       job.channel(f"{mode}-node1",
+                                   data["a"] if mode == "replicated" else data["b"], epochs=1)]
+            for r in range(4):
+                job.rank(f"{mode}/{r}", sources[r // 2], "--workers", workers, "--epochs", 1,
+                         "--node-streams", mode,
+                         env=clean_env(RANK=r, WORLD_SIZE=4, LOCAL_RANK=r % 2,
+                                       LOCAL_WORLD_SIZE=2))
+        source = job.channel("late", data["a"], epochs=1)
+        for r in range(2):
+            job.rank(f"late/{r}", source, "--workers", 1, "--epochs", 1, "--rank", r,
+                     "--world", 2, "--local-rank", r, "--local-world", 2,
+                     "--delay", 4 if r else 0)
+        yield job.results(seconds=400)
+    finally:
+        job.close()
+
+
+def test_two_ranks_from_torchrun_variables_share_one_fifo_over_epochs(served):
+    assert_exactly_once(group(served, "env"), set(range(N)))
 
 
 @pytest.mark.parametrize("workers", [0, 3])
-def test_two_ranks_with_explicit_arguments_share_a_pipe_channel(job, data, workers):
-    """to_torch(rank=, world_size=, local_rank=, local_world_size=), a PipeChannel (a new FIFO
-    each epoch, SageMaker's convention); num_workers=0 puts the dealer in rank 0's main
-    process."""
-    source = job.channel("train", data["a"])
-    for r in range(2):
-        job.rank(f"rank{r}", source, "--workers", workers, "--rank", r, "--world", 2,
-                 "--local-rank", r, "--local-world", 2)
-    assert_exactly_once(job.results(), set(range(N)))
+def test_two_ranks_with_explicit_arguments_share_a_pipe_channel(served, workers):
+    assert_exactly_once(group(served, f"w{workers}"), set(range(N)))
 
 
-@pytest.mark.parametrize("mode, workers", [("replicated", 2), ("sharded", 0)])
-def test_two_nodes_of_two_ranks_each_read_their_own_fifo(job, data, mode, workers):
-    """Simulated hosts: ranks 0-1 share node 0's FIFO, ranks 2-3 node 1's. "replicated": both
-    FIFOs carry the same records and each node keeps its half; "sharded": each carries its own
-    and each node keeps all of them."""
-    sources = [job.channel("node0", data["a"], epochs=1),
-               job.channel("node1", data["a"] if mode == "replicated" else data["b"], epochs=1)]
-    for r in range(4):
-        job.rank(f"rank{r}", sources[r // 2], "--workers", workers, "--node-streams", mode,
-                 "--epochs", 1,
-                 env=clean_env(RANK=r, WORLD_SIZE=4, LOCAL_RANK=r % 2, LOCAL_WORLD_SIZE=2))
-    results = job.results()
+@pytest.mark.parametrize("mode", ["replicated", "sharded"])
+def test_two_nodes_of_two_ranks_each_read_their_own_fifo(served, mode):
+    results = group(served, mode)
+    assert len(results) == 4
     expected = set(range(N)) if mode == "replicated" else set(range(N)) | set(range(10_000,
                                                                                  10_000 + N))
     assert_exactly_once(results, expected, epochs=1)
     if mode == "replicated":  # a node's share is its own: node 0 even positions, node 1 odd
-        for r, result in results.items():
-            node = int(r[-1]) // 2
-            assert all(i % 2 == node for e in result["epochs"] for i in e), r
+        for name, result in results.items():
+            node = int(name[-1]) // 2
+            assert all(i % 2 == node for e in result["epochs"] for i in e), name
+
+
+def test_a_rank_that_starts_late_is_served(served):
+    assert_exactly_once(group(served, "late"), set(range(N)), epochs=1)
+
+
+@pytest.fixture(scope="module")
+def failed(tmp_path_factory, data):
+    """The scenarios that must end in an error, at the same time: in ``kill1``/``kill0`` that
+    rank kills itself (SIGKILL) at its 3rd batch (each rank waits after its first batch for
+    the other's first, so both hold blocks when it dies); in
+    ``alone`` only local rank 0 of two ever starts (connect_timeout 6 s)."""
+    job = Job(tmp_path_factory.mktemp("failed"))
+    try:
+        for victim in (1, 0):
+            source = job.channel(f"kill{victim}", data["a"], epochs=1)
+            for r in range(2):
+                extra = ("--die-after", 3) if r == victim else ()
+                job.rank(f"kill{victim}/{r}", source, "--workers", 2, "--slow", 0.1,
+                         "--epochs", 1, "--rank", r, "--world", 2, "--local-rank", r,
+                         "--local-world", 2, "--sync-first",
+                         job.out_of(f"kill{victim}/{1 - r}") + ".first", *extra)
+        lonely = job.channel("lonely", data["a"], epochs=1)
+        job.rank("alone/0", lonely, "--workers", 2, "--epochs", 1, "--rank", 0, "--world", 2,
+                 "--local-rank", 0, "--local-world", 2, "--connect-timeout", 6)
+        yield job.results(seconds=300)
+    finally:
+        job.close()
 
 
 @pytest.mark.parametrize("victim", [1, 0])
-def test_a_rank_that_dies_ends_the_epoch_with_an_error_on_the_other(job, data, victim):
-    """The victim kills itself (SIGKILL) after 3 batches; the other rank must end with a streamio
-    error within the bound (rank 1: the dealer names it; rank 0: the dealer dies with it)."""
-    source = job.channel("train", data["a"], epochs=1)
-    for r in range(2):
-        extra = ("--die-after", 3) if r == victim else ()
-        job.rank(f"rank{r}", source, "--workers", 2, "--slow", 0.1, "--epochs", 1,
-                 "--rank", r, "--world", 2, "--local-rank", r, "--local-world", 2, *extra)
-    results = job.results(seconds=60)
-    assert results[f"rank{victim}"] is None  # it died
-    survivor = results[f"rank{1 - victim}"]
+def test_a_rank_that_dies_ends_the_epoch_with_an_error_on_the_other(failed, victim):
+    """The other rank ends with a streamio error, within the bound on the whole run (rank 1: the
+    dealer names it; rank 0: the dealer goes with it)."""
+    results = group(failed, f"kill{victim}")
+    assert results[f"kill{victim}/{victim}"] is None  # it died
+    survivor = results[f"kill{victim}/{1 - victim}"]
     assert survivor is not None, "the surviving rank did not finish"
     error = survivor["error"]
     assert error is not None and error["streamio"] and error["type"] == "SourceError", survivor
@@ -189,23 +236,9 @@ def test_a_rank_that_dies_ends_the_epoch_with_an_error_on_the_other(job, data, v
         assert "local rank 0" in error["message"], error  # "... left" or "... stopped"
 
 
-def test_a_late_rank_is_served_and_a_missing_one_named(job, data):
-    """Rank 1 starts seconds after rank 0: no error, every record once. In a second job of two
-    local ranks only rank 0 ever starts: after connect_timeout it ends with a SourceError that
-    names local rank 1."""
-    source = job.channel("train", data["a"], epochs=1)
-    job.rank("rank0", source, "--workers", 1, "--epochs", 1, "--rank", 0, "--world", 2,
-             "--local-rank", 0, "--local-world", 2)
-    job.rank("rank1", source, "--workers", 1, "--epochs", 1, "--rank", 1, "--world", 2,
-             "--local-rank", 1, "--local-world", 2, "--delay", 4)
-    lonely = job.channel("lonely", data["a"], epochs=1)
-    job.rank("alone", lonely, "--workers", 2, "--epochs", 1, "--rank", 0, "--world", 2,
-             "--local-rank", 0, "--local-world", 2, "--connect-timeout", 6)
-    results = job.results()
-    alone = results.pop("alone")
-    assert_exactly_once(results, set(range(N)), epochs=1)
-    error = alone["error"]
-    assert error is not None and error["type"] == "SourceError", alone
+def test_a_rank_that_never_connects_is_named(failed):
+    error = failed["alone/0"]["error"]
+    assert error is not None and error["type"] == "SourceError", failed["alone/0"]
     assert "local rank 1 (none of its readers)" in error["message"], error
     assert "connect_timeout" in error["message"]
 

@@ -76,6 +76,14 @@ def rank_main(args):
                 assert (batch["x"][:, 0] == batch["id"] + 1).all()
                 ids.extend(batch["id"].tolist())
                 batches += 1
+                if batches == 1:
+                    open(args.out + ".first", "w").close()  # this rank has been served
+                    # Go on only once the other rank is served too (it holds blocks then, and
+                    # a kill lands mid-epoch however slowly the machine starts processes).
+                    deadline = time.monotonic() + 120
+                    while args.sync_first and not os.path.exists(args.sync_first) \
+                            and time.monotonic() < deadline:
+                        time.sleep(0.05)
                 if batches == args.die_after:
                     os.kill(os.getpid(), signal.SIGKILL)  # a rank that dies mid-epoch
             result["epochs"].append(ids)
@@ -124,8 +132,11 @@ def main():
     p.add_argument("--slow", type=float, default=0.0)
     p.add_argument("--die-after", type=int, default=-1)
     p.add_argument("--delay", type=float, default=0.0)
+    p.add_argument("--sync-first", help="after the first batch, wait for this file")
     p.add_argument("--node-streams")
-    p.add_argument("--connect-timeout", type=float, default=60.0)
+    # Longer than the library's default: a loaded 2-core machine starting 16 processes that
+    # import torch can take minutes; the test's hang guard bounds the whole run.
+    p.add_argument("--connect-timeout", type=float, default=200.0)
     p.add_argument("--markers")
     rank_main(p.parse_args())
 
