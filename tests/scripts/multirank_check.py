@@ -50,8 +50,10 @@ def rank_main(args):
     if args.delay:
         time.sleep(args.delay)  # a rank that starts late
     if args.source.startswith("channel:"):
-        source = streamio.PipeChannel(args.source[len("channel:"):], open_timeout=60,
-                                      read_timeout=60)
+        # Generous: on a loaded 2-core machine the writer process may take long to start; the
+        # test's hang guard bounds the whole run.
+        source = streamio.PipeChannel(args.source[len("channel:"):], open_timeout=200,
+                                      read_timeout=200)
     else:
         source = args.source
     ds = Dataset(source, "tfrecord", decoder=DECODER).shuffle(32, seed=3).batch(8).map(plus_one)
@@ -67,12 +69,22 @@ def rank_main(args):
     else:
         rank = int(os.environ["RANK"])
     loader = DataLoader(ds.to_torch(**options), batch_size=None, num_workers=args.workers)
-    result = {"epochs": [], "error": None}
+    batches_of = loader
+    if args.ddp:
+        # A real process group (gloo, 127.0.0.1) and to_device's even_batches: ranks in
+        # lockstep, one all-reduce per batch, as DDP training runs.
+        import torch.distributed as dist
+        from streamio.torch import to_device
+        dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
+        batches_of = to_device(loader, "cpu", even_batches=args.ddp)
+    result = {"epochs": [], "error": None, "batches": []}
     batches = 0
     try:
         for epoch in range(args.epochs):
             ids = []
-            for batch in loader:
+            count = 0
+            for batch in batches_of:
+                count += 1
                 assert (batch["x"][:, 0] == batch["id"] + 1).all()
                 ids.extend(batch["id"].tolist())
                 batches += 1
@@ -87,6 +99,7 @@ def rank_main(args):
                 if batches == args.die_after:
                     os.kill(os.getpid(), signal.SIGKILL)  # a rank that dies mid-epoch
             result["epochs"].append(ids)
+            result["batches"].append(count)
             if args.markers:
                 open(os.path.join(args.markers, f"e{epoch}-r{rank}"), "w").close()
     except Exception as exc:  # noqa: BLE001 - reported to the test
@@ -138,6 +151,7 @@ def main():
     # import torch can take minutes; the test's hang guard bounds the whole run.
     p.add_argument("--connect-timeout", type=float, default=200.0)
     p.add_argument("--markers")
+    p.add_argument("--ddp", help="init a gloo group and use to_device(even_batches=DDP)")
     rank_main(p.parse_args())
 
 
