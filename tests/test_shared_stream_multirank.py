@@ -302,3 +302,39 @@ def test_plan_takes_the_shared_path_for_local_ranks(tmp_path, monkeypatch):
     plan = Dataset(path, "tfrecord").to_torch(node_streams="replicated").plan(
         epoch=0, rank=1, world_size=2, local_rank=0, local_world_size=1)
     assert plan._feed is None and plan._round_robin == ((2, 1),)
+
+
+def test_the_dealer_keeps_a_shard_of_the_stream(tmp_path):
+    """A record-level shard on a shared stream (what sagemaker.channel() does for a
+    FullyReplicated channel on host 1 of 2, and node_streams="replicated") is applied by the
+    dealer: the workers together get exactly that shard. Two 'workers' as threads of this
+    process, one FIFO fed by a writer process."""
+    import threading
+
+    data = str(tmp_path / "raw.tfrecord")
+    streamio.write_records(data, "tfrecord", (b"%d" % i for i in range(300)))
+    fifo = str(tmp_path / "shard.fifo")
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, os.path.join(HERE, "scripts", "fifo_writer.py"),
+                               fifo, data])
+    try:
+        tds = Dataset(fifo, "tfrecord").shard(2, 1).to_torch(connect_timeout=30)
+        got: dict = {0: [], 1: []}
+
+        def read(worker: int) -> None:
+            for record in tds.plan(epoch=0, worker=worker, num_workers=2):
+                got[worker].append(int(record))
+
+        def both() -> None:
+            threads = [threading.Thread(target=read, args=(w,), daemon=True) for w in (0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        bounded(both, 60)
+    finally:
+        writer.kill()
+        writer.wait()
+    seen = got[0] + got[1]
+    assert sorted(seen) == list(range(1, 300, 2))
