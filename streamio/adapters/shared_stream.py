@@ -50,7 +50,12 @@ a rank's worker count from its first client and waits for every worker of every 
 
 - A rank (or one of its workers) that dies mid-epoch is a socket that closes without a goodbye:
   every other client, in every rank, raises the dealer's ``SourceError`` naming it. If the dead
-  rank is local rank 0, the dealer dies with it and every other client's socket closes.
+  rank is local rank 0, the dealer dies with it and every other client's socket closes. A
+  DataLoader worker watches its rank's main process (:class:`_ParentWatch`), so a killed rank
+  is seen at once, not when torch's own watchdog notices. Not seen: a rank that dies after the
+  epoch's END reached it (the others finish normally, and torchrun ends the job); and a rank
+  that had not connected when local rank 0 died waits ``connect_timeout``, then says it could
+  not reach the dealer.
 - A rank that starts late is served: blocks go to whoever asks (a late rank may find fewer left;
   DDP's lockstep keeps ranks within a step of each other), and the epoch's END is held back
   until every expected client has connected. One that never connects ends the epoch, after
