@@ -76,15 +76,22 @@ def test_a_corrupt_stream_fails_in_the_workers_after_the_records_before_it(tmp_p
     assert len(ids) >= 501 - 2 * 16  # at most a partial batch per worker is lost
 
 
-def test_plan_shares_one_stream_between_workers_but_not_ranks(tmp_path):
+def test_plan_shares_one_stream_between_workers_and_local_ranks(tmp_path, monkeypatch):
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
     path = str(tmp_path / "pipe")
     os.mkfifo(path)
     tds = Dataset(path, "tfrecord").to_torch()
     plan = tds.plan(epoch=0, worker=1, num_workers=2)
     assert isinstance(plan._feed, SharedStreamFeed) and plan.sources == (path,)
     channel = streamio.PipeChannel(str(tmp_path / "train"))
-    with pytest.raises(streamio.UsageError, match="single stream"):
-        Dataset(channel, "tfrecord").to_torch().plan(epoch=0, rank=1, world_size=2)
+    # Two ranks with no word on hosts: one host, both ranks share the channel's FIFO.
+    feed = Dataset(channel, "tfrecord").to_torch().plan(epoch=0, rank=1, world_size=2)._feed
+    assert (feed.local_rank, feed.local_world_size) == (1, 2)
+    # Two hosts of one rank each: what their streams hold must be said (no silent guess).
+    with pytest.raises(streamio.UsageError, match="node_streams"):
+        Dataset(channel, "tfrecord").to_torch().plan(epoch=0, rank=1, world_size=2,
+                                                    local_rank=0, local_world_size=1)
     with pytest.raises(streamio.UsageError, match="CSV header"):
         Dataset(path, "csv", decoder=streamio.Csv(header=True)).to_torch().plan(
             epoch=0, worker=0, num_workers=2)

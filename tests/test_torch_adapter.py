@@ -137,16 +137,22 @@ def test_plans_split_sources_exactly_once(parts, world_size, num_workers):
     assert sorted(seen) == list(range(200))
 
 
-def test_plan_refuses_to_split_one_fifo_between_ranks(tmp_path):
-    # (Between the DataLoader workers of one rank it is shared: tests/test_shared_fifo.py.)
+def test_plan_shares_one_fifo_between_local_ranks_and_refuses_unsaid_hosts(tmp_path,
+                                                                           monkeypatch):
+    # (Workers and local ranks sharing it for real: tests/test_shared_fifo.py and
+    # tests/test_shared_stream_multirank.py.)
+    from streamio.adapters.shared_stream import SharedStreamFeed
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
     path = str(tmp_path / "pipe")
     os.mkfifo(path)
     tds = Dataset(path, "tfrecord").to_torch()
-    with pytest.raises(UsageError, match="num_workers=0"):
-        tds.plan(epoch=0, rank=1, world_size=2)
+    # Two ranks, nothing said about hosts: one host, whose ranks share the FIFO.
+    assert isinstance(tds.plan(epoch=0, rank=1, world_size=2)._feed, SharedStreamFeed)
     channel = streamio.PipeChannel(str(tmp_path / "train"))
-    with pytest.raises(UsageError, match="single stream"):
-        Dataset(channel, "tfrecord").to_torch().plan(epoch=0, rank=1, world_size=2)
+    with pytest.raises(UsageError, match="single stream on each host"):
+        Dataset(channel, "tfrecord").to_torch().plan(epoch=0, rank=1, world_size=2,
+                                                    local_rank=0, local_world_size=1)
     # one reader in all: fine
     Dataset(path, "tfrecord").to_torch().plan(epoch=0)
 

@@ -40,14 +40,43 @@ Failure: every side ends the epoch with an error, never a hang.
 - A worker that never connects (it failed to start): the dealer gives up after
   ``connect_timeout`` seconds with an error to the others.
 
-Several ranks of one host (torchrun) could share one FIFO the same way; what that needs is said
-in ``ARCHITECTURE.md`` (the dealer address derived from the FIFO's path rather than a token, the
-local rank 0's worker 0 as dealer, and the clients counted as local ranks x workers).
+Several ranks of one host (torchrun's local ranks; SageMaker gives each host one FIFO per
+channel) share one stream the same way: the dealer runs in **local rank 0**'s worker 0 (its main
+process with ``num_workers=0``) and serves ``LOCAL_WORLD_SIZE x max(1, num_workers)`` clients,
+each rank's workers included; every rank derives the dealer's address alike from the stream's
+real path, the epoch and the job (:func:`stream_address`). Each client says who it is (local
+rank, worker, its rank's worker count, the local world size) when it connects; the dealer knows
+a rank's worker count from its first client and waits for every worker of every local rank.
+
+- A rank (or one of its workers) that dies mid-epoch is a socket that closes without a goodbye:
+  every other client, in every rank, raises the dealer's ``SourceError`` naming it. If the dead
+  rank is local rank 0, the dealer dies with it and every other client's socket closes. A
+  DataLoader worker watches its rank's main process (:class:`_ParentWatch`), so a killed rank
+  is seen at once, not when torch's own watchdog notices. Not seen: a rank that dies after the
+  epoch's END reached it (the others finish normally, and torchrun ends the job); and a rank
+  that had not connected when local rank 0 died waits ``connect_timeout``, then says it could
+  not reach the dealer.
+- A rank that starts late is served: blocks go to whoever asks (a late rank may find fewer left;
+  DDP's lockstep keeps ranks within a step of each other), and the epoch's END is held back
+  until every expected client has connected. One that never connects ends the epoch, after
+  ``connect_timeout`` seconds, with a ``SourceError`` on every connected side naming the local
+  ranks and workers that were missing.
+- When the stream ends, the dealer pushes END to every client at once (a tiny message, it never
+  waits on a full socket) instead of waiting for each to ask: a rank whose main process is
+  blocked in a collective (DDP's all-reduce, ``even_batches``) while its workers idle would
+  otherwise never ask, and the dealer's worker, waiting for it, would never finish its own
+  rank's epoch: a deadlock across ranks.
+- Record-level shards of the dataset (a host's share of a replicated stream, ``shard(n, i)`` on
+  a stream) are applied by the dealer, which sends each record's origin with it.
+
+Shares differ between ranks (whoever asks first gets the next block), so under DDP keep
+``to_device(..., even_batches="drop" | "pad")`` (the default is ``"drop"``).
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import pickle
 import selectors
@@ -57,16 +86,16 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
-from ..errors import SourceError, StreamioError
-from ..pipeline.dataset import _INDEX_BITS
-from ..reader import RecordReader
+from ..errors import SourceError, StreamioError, UsageError
+from ..pipeline.dataset import _INDEX_BITS, _EpochRun
+from ..sources import PipeChannel
 
 __all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "DEFAULT_CONNECT_TIMEOUT", "READ_AHEAD",
-           "SharedStreamFeed"]
+           "SharedStreamFeed", "dealer_address", "stream_address"]
 
 #: Records per block: small enough that k workers share a stream of short epochs evenly, large
 #: enough that one request per block costs little next to decoding its records.
@@ -75,27 +104,81 @@ BLOCK_RECORDS = 64
 BLOCK_BYTES = 8 << 20
 #: Blocks the dealer frames ahead of the requests (bounds its memory to ~READ_AHEAD blocks).
 READ_AHEAD = 4
-#: How long the dealer waits for every worker to connect, and a worker for the dealer: workers
-#: start one after another (spawned ones import torch), which can take tens of seconds.
+#: How long the dealer waits for every worker (of every local rank) to connect, and a worker for
+#: the dealer: workers start one after another (spawned ones import torch), and ranks start
+#: when torchrun gets to them, which can take tens of seconds.
 DEFAULT_CONNECT_TIMEOUT = 120.0
 _POLL_S = 0.2  # how often a waiting dealer looks at its deadlines and stop flag
 
-# Dealer -> client: kind, record count, origin of the first record, payload bytes; a block's
-# payload is the source name's length (u32) and name, the record lengths (u64 each), the records.
-_HEADER = struct.Struct("<BxxxIQQ")
+# Dealer -> client: kind, record count, payload bytes; a block's payload is the source name's
+# length (u32) and name, the record origins (i64 each), the record lengths (u64 each), the records.
+_HEADER = struct.Struct("<BxxxIQ")
 _BLOCK, _END, _ERROR = 1, 2, 3
-# Client -> dealer: hello (worker, num_workers), then one byte per request, and a goodbye.
-_HELLO = struct.Struct("<II")
+# Client -> dealer: hello (local rank, worker, the rank's num_workers, local world size), then one
+# byte per request, and a goodbye.
+_HELLO = struct.Struct("<IIII")
 _WANT, _BYE = b"W", b"B"
+
+#: Environment variables that tell one torchrun job from another on the same host (two jobs must
+#: not meet at one dealer; a restarted job must not meet a dealer its previous attempt left).
+_JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                  "TORCHELASTIC_RESTART_COUNT")
 
 
 def dealer_address(token: str, epoch: int) -> Any:
     """Where the dealer of ``epoch`` listens: a Linux abstract socket (no file to clean up,
-    gone with the process), elsewhere a socket file in the temp directory."""
+    gone with the process, so a crashed run leaves nothing stale), elsewhere a socket file in the
+    temp directory (a dealer removes a stale one before binding)."""
     name = f"streamio-{token}-{epoch}"
     if sys.platform.startswith("linux"):
         return "\0" + name
     return os.path.join(tempfile.gettempdir(), name + ".sock")
+
+
+def _stream_key(source: Any) -> Optional[str]:
+    """What names ``source`` alike in every process of the host, or None (stdin, file objects:
+    each process has its own)."""
+    prefix = getattr(source, "path_prefix", None)
+    if isinstance(source, PipeChannel) and prefix is not None:
+        return "channel:" + os.path.realpath(prefix)
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if text == "-":
+            return None
+        if "://" in text and not text.startswith("file://"):
+            return "url:" + text
+        if text.startswith("file://"):
+            text = text[len("file://"):]
+        return "path:" + os.path.realpath(text)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return "bytes:" + hashlib.sha256(bytes(source)).hexdigest()
+    return None
+
+
+def stream_address(sources: Sequence[Any], epoch: int) -> Any:
+    """The dealer address every local rank of one job derives alike for ``sources`` in
+    ``epoch``: a hash of the sources' real paths, the epoch, the user and the torchrun job
+    (:data:`_JOB_VARIABLES`, where set). Raises ``UsageError`` for a source other processes
+    cannot name (stdin, a file object)."""
+    parts = [f"uid={os.getuid() if hasattr(os, 'getuid') else 0}", f"epoch={epoch}"]
+    for source in sources:
+        key = _stream_key(source)
+        if key is None:
+            raise UsageError(f"{source!r} cannot be shared between the ranks of a host: each"
+                             " process has its own (stdin, a file object); give every rank the"
+                             " FIFO's path or a PipeChannel")
+        parts.append(key)
+    for name in _JOB_VARIABLES:
+        if name in os.environ:
+            parts.append(f"{name}={os.environ[name]}")
+    digest = hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
+    return dealer_address("shared-" + digest[:32], epoch)
+
+
+def _who(local_rank: Optional[int], worker: Optional[int], local_world_size: int) -> str:
+    if local_world_size <= 1:
+        return f"DataLoader worker {worker}"
+    return f"DataLoader worker {worker} of local rank {local_rank}"
 
 
 class _Lost(Exception):
@@ -103,71 +186,102 @@ class _Lost(Exception):
 
 
 class _Client:
-    __slots__ = ("sock", "worker", "inbox", "wants", "finished")
+    __slots__ = ("sock", "local_rank", "worker", "inbox", "finished")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.worker: Optional[int] = None
+        self.local_rank: Optional[int] = None
+        self.worker: Optional[int] = None  # None until its hello arrived
         self.inbox = b""
-        self.wants = 0
         self.finished = False  # got its END/ERROR, or said goodbye
 
 
 class _Dealer(threading.Thread):
-    """Frames the stream and answers the clients' requests (a daemon thread in worker 0)."""
+    """Frames the stream and answers the clients' requests (a daemon thread in local rank 0's
+    worker 0: it dies with that process, which every client then sees)."""
 
-    def __init__(self, dataset: Any, address: Any, num_workers: int, stats: Any,
-                 connect_timeout: float) -> None:
+    def __init__(self, dataset: Any, address: Any, epoch: int, local_world_size: int,
+                 stats: Any, connect_timeout: float) -> None:
         super().__init__(name="streamio-dealer", daemon=True)
         self.dataset = dataset
-        self.num_workers = num_workers
+        self.epoch = epoch
+        self.local_world_size = local_world_size
         self.stats = stats
         self.connect_timeout = connect_timeout
         self.stop_now = threading.Event()
+        self.failure: Optional[BaseException] = None  # what ended the epoch, if not its end
+        # local rank -> its num_workers (from its first hello), and the (rank, worker) greeted.
+        self.workers_of: dict[int, int] = {}
+        self.greeted: set = set()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         if isinstance(address, str) and not address.startswith("\0") and os.path.exists(address):
             os.unlink(address)  # a socket file left by a process that died
         self.address = address
-        self.listener.bind(address)
-        self.listener.listen(num_workers)
+        try:
+            self.listener.bind(address)
+        except OSError as exc:
+            self.listener.close()
+            raise SourceError(
+                f"cannot serve the shared stream {_names(dataset)} (epoch {epoch}): its dealer"
+                f" address is in use ({exc.strerror}) - another process of this job, or of a"
+                " previous run that is still alive, is dealing it") from exc
+        self.listener.listen(64)
         self.listener.setblocking(False)
-        self.stream_name = "the shared stream"
+        self.stream_name = _names(dataset)
 
     # -- the stream ---------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple]:
-        """(source name, origin of the first record, records) of at most BLOCK_RECORDS records
-        and about BLOCK_BYTES bytes, within one source."""
-        ds = self.dataset
-        for ordinal in ds._selection:
-            reader = RecordReader(ds._all_sources[ordinal], ds._format, **ds._reader_options)
-            self.stats.reader_opened(reader.stats)
-            try:
-                # Records gather across the reader's chunks (a 1 MiB read holds ~10 image
-                # records): a block of 64 costs one request where 7 small ones would cost 7
-                # round trips, each a wake-up of a thread on a busy machine.
-                first = 0  # index in this source of pending[0]
-                pending: list = []
-                size = 0
-                try:
-                    for records in reader.record_lists():
-                        self.stream_name = reader.source_name
-                        for record in records:
-                            pending.append(record)
-                            size += len(record)
-                            if len(pending) >= BLOCK_RECORDS or size >= BLOCK_BYTES:
-                                yield (reader.source_name, (ordinal << _INDEX_BITS) + first,
-                                       pending)
-                                first += len(pending)
-                                pending, size = [], 0
-                except Exception:
-                    if pending:  # the records before a fault are delivered first
-                        yield reader.source_name, (ordinal << _INDEX_BITS) + first, pending
-                    raise
-                if pending:
-                    yield reader.source_name, (ordinal << _INDEX_BITS) + first, pending
-            finally:
-                reader.close()
-                self.stats.reader_closed(reader.stats)
+        """(source name, record origins, records) of at most BLOCK_RECORDS records and about
+        BLOCK_BYTES bytes, within one source, after the dataset's record-level shards."""
+        # The pipeline's own source end, without stages or decoder: it opens each source once,
+        # applies shard() layers (a host's share of a replicated stream) exactly as a reader
+        # that is not shared would, and gives each record its origin.
+        raw = self.dataset._derive(_feed=None, _stages=(), _decoder=None)
+        run = _EpochRun(raw, self.epoch, self.stats)
+        run.track_ids = True
+        pending: list = []
+        pending_ids: list = []
+        ordinal = -1
+        size = 0
+
+        def cut() -> tuple:
+            nonlocal pending, pending_ids, size
+            block = (run.names.get(ordinal, self.stream_name),
+                     np.concatenate(pending_ids), pending)
+            pending, pending_ids, size = [], [], 0
+            return block
+
+        # Records gather across the reader's chunks (a 1 MiB read holds ~10 image records): a
+        # block of 64 costs one request where 7 small ones would cost 7 round trips, each a
+        # wake-up of a thread on a busy machine.
+        source_blocks = run.read_blocks()
+        try:
+            for records, ids in source_blocks:
+                start = 0
+                while start < len(records):
+                    here = int(ids[start]) >> _INDEX_BITS
+                    if here != ordinal and pending:
+                        yield cut()
+                    ordinal = here
+                    self.stream_name = run.names.get(ordinal, self.stream_name)
+                    room = BLOCK_RECORDS - len(pending)
+                    piece = records[start:start + room]
+                    piece_ids = ids[start:start + room]
+                    # A piece from one chunk belongs to one source (a reader's chunk does).
+                    pending.extend(piece)
+                    pending_ids.append(piece_ids)
+                    size += sum(map(len, piece))
+                    start += len(piece)
+                    if len(pending) >= BLOCK_RECORDS or size >= BLOCK_BYTES:
+                        yield cut()
+        except Exception:
+            if pending:  # the records before a fault are delivered first
+                yield cut()
+            raise
+        finally:
+            source_blocks.close()
+        if pending:
+            yield cut()
 
     # -- serving ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -176,19 +290,20 @@ class _Dealer(threading.Thread):
             self._serve(clients)
         except BaseException as exc:  # noqa: BLE001 - every client is told, then we stop
             if isinstance(exc, _Lost):
-                worker = exc.args[0]
+                rank, worker = exc.args
                 exc = SourceError(
-                    f"DataLoader worker {worker} left {self.stream_name} before the end of the"
-                    " epoch (it died or stopped early): the records it held cannot be delivered",
-                    source=self.stream_name)
+                    f"{_who(rank, worker, self.local_world_size)} left {self.stream_name} before"
+                    " the end of the epoch (it died or stopped early): the records it held"
+                    " cannot be delivered", source=self.stream_name)
             elif not isinstance(exc, StreamioError):
                 exc = SourceError(f"the dealer of {self.stream_name} failed: {exc!r}",
                                   source=self.stream_name)
+            self.failure = exc
             payload = _pickled(exc)
             for client in clients:
                 if not client.finished:
                     try:
-                        client.sock.sendall(_HEADER.pack(_ERROR, 0, 0, len(payload)) + payload)
+                        client.sock.sendall(_HEADER.pack(_ERROR, 0, len(payload)) + payload)
                     except OSError:
                         pass
         finally:
@@ -199,7 +314,23 @@ class _Dealer(threading.Thread):
                 except OSError:
                     pass
             for client in clients:
-                client.sock.close()
+                _close_quietly(client.sock)
+
+    def _all_greeted(self) -> bool:
+        if len(self.workers_of) < self.local_world_size:
+            return False
+        return len(self.greeted) >= sum(self.workers_of.values())
+
+    def _missing(self) -> str:
+        parts = []
+        for rank in range(self.local_world_size):
+            if rank not in self.workers_of:
+                parts.append(f"local rank {rank} (none of its readers)")
+                continue
+            absent = [w for w in range(self.workers_of[rank]) if (rank, w) not in self.greeted]
+            if absent:
+                parts.append(f"local rank {rank} worker(s) {', '.join(map(str, absent))}")
+        return "; ".join(parts)
 
     def _serve(self, clients: list) -> None:
         selector = selectors.DefaultSelector()
@@ -212,27 +343,38 @@ class _Dealer(threading.Thread):
         failure: Optional[BaseException] = None
         try:
             while not self.stop_now.is_set():
-                greeted = sum(c.worker is not None for c in clients)
-                if exhausted and greeted == self.num_workers and all(c.finished for c in clients):
+                everyone = self._all_greeted()
+                if exhausted and everyone and all(c.finished for c in clients
+                                                  if c.worker is not None):
                     return
-                if greeted < self.num_workers and time.monotonic() > deadline:
-                    raise SourceError(f"only {greeted} of {self.num_workers} DataLoader workers"
-                                      f" connected to {self.stream_name} within"
-                                      f" {self.connect_timeout:g} s", source=self.stream_name)
+                if not everyone and time.monotonic() > deadline:
+                    raise SourceError(
+                        f"not every reader of {self.stream_name} connected within"
+                        f" {self.connect_timeout:g} s (connect_timeout); missing: "
+                        f"{self._missing()} - a rank or DataLoader worker that did not start,"
+                        " or that reads another epoch or uses another num_workers",
+                        source=self.stream_name)
                 reading = not exhausted and len(ready) < READ_AHEAD
                 for key, _ in selector.select(0 if reading else _POLL_S):
                     if key.fileobj is self.listener:
                         self._accept(selector, clients)
                     else:
                         self._hear(key.data, waiting)
-                while waiting and (ready or exhausted):
+                while waiting and ready:
                     client = waiting.popleft()
-                    if client.finished:
-                        continue
-                    if ready:
+                    if not client.finished:
                         self._send_block(client, ready.popleft(), waiting)
-                    else:
-                        self._send_last(client, failure, waiting)
+                if exhausted and not ready:
+                    if failure is not None:
+                        raise failure  # every client is told (run), after the records before it
+                    if everyone:
+                        # The end goes to every client now, asked or not: it is small enough
+                        # never to wait on a socket, and a client whose rank is blocked in a
+                        # collective may not ask until the others finish.
+                        waiting.clear()
+                        for client in clients:
+                            if client.worker is not None and not client.finished:
+                                self._send_last(client, waiting)
                 if reading:
                     try:
                         ready.append(next(blocks))
@@ -263,7 +405,7 @@ class _Dealer(threading.Thread):
             data = b""
         if not data:
             if not client.finished:
-                raise _Lost(client.worker)
+                raise _Lost(client.local_rank, client.worker)
             return
         self._parse(client, data, waiting)
 
@@ -273,14 +415,32 @@ class _Dealer(threading.Thread):
             if len(inbox) < _HELLO.size:
                 client.inbox = inbox
                 return
-            client.worker, _ = _HELLO.unpack_from(inbox)
+            rank, worker, num_workers, local_world = _HELLO.unpack_from(inbox)
             inbox = inbox[_HELLO.size:]
+            self._greet(rank, worker, num_workers, local_world)
+            client.local_rank, client.worker = rank, worker
         client.inbox = b""
         for byte in inbox:
             if byte == _WANT[0]:
                 waiting.append(client)
             elif byte == _BYE[0]:
                 client.finished = True
+
+    def _greet(self, rank: int, worker: int, num_workers: int, local_world: int) -> None:
+        """Check a hello against what the other clients said (the same layout everywhere)."""
+        if local_world != self.local_world_size:
+            raise SourceError(f"local rank {rank} says the host has {local_world} local ranks,"
+                              f" local rank 0 says {self.local_world_size}: every rank must"
+                              f" agree (LOCAL_WORLD_SIZE / to_torch(local_world_size=...))",
+                              source=self.stream_name)
+        known = self.workers_of.setdefault(rank, num_workers)
+        if known != num_workers or rank >= local_world or worker >= num_workers \
+                or (rank, worker) in self.greeted:
+            raise SourceError(f"{_who(rank, worker, local_world)} (of {num_workers}) does not fit"
+                              f" the readers already connected to {self.stream_name}: two jobs"
+                              " sharing one stream, or ranks that disagree on num_workers",
+                              source=self.stream_name)
+        self.greeted.add((rank, worker))
 
     def _send(self, client: _Client, message: bytes, waiting: collections.deque) -> None:
         try:
@@ -293,25 +453,40 @@ class _Dealer(threading.Thread):
             except OSError:
                 pass
             if not client.finished:
-                raise _Lost(client.worker) from None
+                raise _Lost(client.local_rank, client.worker) from None
 
     def _send_block(self, client: _Client, block: tuple, waiting: collections.deque) -> None:
-        name, first, records = block
+        name, ids, records = block
         encoded = name.encode("utf-8", "replace")
         lengths = np.fromiter(map(len, records), np.uint64, len(records)).tobytes()
-        payload = b"".join([struct.pack("<I", len(encoded)), encoded, lengths, *records])
-        self._send(client, _HEADER.pack(_BLOCK, len(records), first, len(payload)) + payload,
-                   waiting)
+        payload = b"".join([struct.pack("<I", len(encoded)), encoded,
+                            ids.astype(np.int64, copy=False).tobytes(), lengths, *records])
+        self._send(client, _HEADER.pack(_BLOCK, len(records), len(payload)) + payload, waiting)
 
-    def _send_last(self, client: _Client, failure: Optional[BaseException],
-                   waiting: collections.deque) -> None:
-        if failure is None:
-            message = _HEADER.pack(_END, 0, 0, 0)
-        else:
-            payload = _pickled(failure)
-            message = _HEADER.pack(_ERROR, 0, 0, len(payload)) + payload
-        self._send(client, message, waiting)
+    def _send_last(self, client: _Client, waiting: collections.deque) -> None:
+        self._send(client, _HEADER.pack(_END, 0, 0), waiting)
         client.finished = True
+
+
+def _names(dataset: Any) -> str:
+    try:
+        from ..sources import source_name
+        names = [source_name(s) for s in dataset.sources]
+    except Exception:  # noqa: BLE001 - only for messages
+        return "the shared stream"
+    return ", ".join(names) if names else "the shared stream"
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    # Read what the client sent and we did not (a request after its END): closing a Unix socket
+    # with unread bytes makes the peer's next read fail with a reset instead of reading its END.
+    try:
+        sock.setblocking(False)
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+    sock.close()
 
 
 def _pickled(exc: BaseException) -> bytes:
@@ -336,7 +511,7 @@ def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
     return buf
 
 
-def _connect(address: Any, timeout: float) -> socket.socket:
+def _connect(address: Any, timeout: float, dealer: str) -> socket.socket:
     deadline = time.monotonic() + timeout
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -347,38 +522,87 @@ def _connect(address: Any, timeout: float) -> socket.socket:
             sock.close()
             if time.monotonic() > deadline:
                 raise SourceError(f"could not reach the DataLoader worker that reads the shared"
-                                  f" stream (worker 0) within {timeout:g} s: it did not start,"
+                                  f" stream ({dealer}) within {timeout:g} s: it did not start,"
                                   " or it already stopped") from None
-            time.sleep(0.01)  # worker 0 has not bound its socket yet
+            time.sleep(0.01)  # the dealer has not bound its socket yet
+
+
+class _ParentWatch:
+    """In a DataLoader worker: closes the client's socket when the worker's parent (its rank's
+    main process) dies, so that the dealer learns at once that this rank is gone. Without it the
+    worker would live on until torch's own watchdog (every 5 s) noticed, holding blocks the dead
+    rank will never deliver, and the other ranks could finish the epoch with records missing."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        import multiprocessing
+        from multiprocessing.connection import wait
+
+        parent = multiprocessing.parent_process()
+        self._stop = threading.Event()
+        if parent is None or parent.sentinel is None:
+            self._thread = None  # a main process: its death closes the socket itself
+            return
+
+        def run() -> None:
+            while not self._stop.is_set():
+                if wait([parent.sentinel], timeout=_POLL_S):  # readable: the parent is gone
+                    if not self._stop.is_set():
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)  # no goodbye: a lost reader
+                        except OSError:
+                            pass
+                    return
+
+        self._thread = threading.Thread(target=run, name="streamio-parent-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        # Not joined (it wakes every _POLL_S): once stopped it never touches the socket, and a
+        # closed socket object refuses shutdown() rather than reaching a reused descriptor.
+        self._stop.set()
 
 
 class SharedStreamFeed:
-    """The source end of one worker's epoch over a shared stream.
+    """The source end of one reader's epoch over a shared stream.
 
     Called by the pipeline in place of reading the sources (``run`` is the epoch's state); yields
     ``(records, ids)`` blocks like the readers do, ``ids`` being the records' stream origins.
-    Worker 0 also runs the dealer.
+    Worker 0 of local rank 0 also runs the dealer. ``token`` names the dealer of a single rank's
+    workers (drawn by the ``StreamDataset``, copied into its workers); ``address`` (from
+    :func:`stream_address`) replaces it when local ranks share the stream.
     """
 
-    def __init__(self, dataset: Any, *, token: str, epoch: int, worker: int, num_workers: int,
+    def __init__(self, dataset: Any, *, token: Optional[str] = None, epoch: int, worker: int,
+                 num_workers: int, local_rank: int = 0, local_world_size: int = 1,
+                 address: Any = None,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
+        if (token is None) == (address is None):
+            raise UsageError("SharedStreamFeed needs a token or an address (one of them)")
         self.dataset = dataset  # the Dataset whose sources the dealer reads
-        self.address = dealer_address(token, epoch)
+        self.epoch = epoch
+        self.address = address if address is not None else dealer_address(token, epoch)
         self.worker = worker
         self.num_workers = num_workers
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
         self.connect_timeout = connect_timeout
+        self.dealer_name = ("worker 0" if local_world_size <= 1
+                            else "worker 0 of local rank 0")
 
     def __call__(self, run: Any) -> Iterator[tuple]:
         dealer = None
-        if self.worker == 0:
-            dealer = _Dealer(self.dataset, self.address, self.num_workers, run.stats,
-                             self.connect_timeout)
+        if self.worker == 0 and self.local_rank == 0:
+            dealer = _Dealer(self.dataset, self.address, self.epoch, self.local_world_size,
+                             run.stats, self.connect_timeout)
             dealer.start()
         ended = False
         sock = None
+        watch = None
         try:
-            sock = _connect(self.address, self.connect_timeout)
-            sock.sendall(_HELLO.pack(self.worker, self.num_workers))
+            sock = _connect(self.address, self.connect_timeout, self.dealer_name)
+            watch = _ParentWatch(sock)
+            sock.sendall(_HELLO.pack(self.local_rank, self.worker, self.num_workers,
+                                     self.local_world_size))
             while True:
                 # Ask only when about to read: a block asked for ahead could be larger than the
                 # socket's buffer, and the dealer would block sending it to a worker that the
@@ -388,17 +612,17 @@ class SharedStreamFeed:
                 try:
                     sock.sendall(_WANT)
                 except OSError:
-                    pass  # the dealer is gone: the read below says so
+                    pass  # the dealer is gone (or done and has pushed our END): read says so
                 block = self._receive(sock)
                 if block is None:
                     ended = True
-                    return
-                name, first, records = block
-                run.names[first >> _INDEX_BITS] = name
-                ids = (np.arange(first, first + len(records), dtype=np.int64)
-                       if run.track_ids else None)
-                yield records, ids
+                    break
+                name, ids, records = block
+                run.names[int(ids[0]) >> _INDEX_BITS] = name
+                yield records, (ids if run.track_ids else None)
         finally:
+            if watch is not None:
+                watch.stop()
             if sock is not None:
                 if not ended:
                     try:
@@ -408,20 +632,24 @@ class SharedStreamFeed:
                 sock.close()
             if dealer is not None:
                 if not ended:
-                    dealer.stop_now.set()  # worker 0 owns the stream: its early exit ends it
+                    dealer.stop_now.set()  # this reader owns the stream: its early exit ends it
                 dealer.join()
+        if dealer is not None and dealer.failure is not None:
+            # Our own END came, but the epoch failed afterwards for another reader (one that
+            # never connected, or died after we finished): say so here too.
+            raise dealer.failure
 
     def _receive(self, sock: socket.socket) -> Optional[tuple]:
         header = _recv_exact(sock, _HEADER.size)
         if header is None:
-            raise SourceError("the DataLoader worker that reads the shared stream (worker 0)"
-                              " stopped before the end of the epoch (it died, or its loop"
-                              " ended early)")
-        kind, count, first, size = _HEADER.unpack(header)
+            raise SourceError(f"the DataLoader worker that reads the shared stream"
+                              f" ({self.dealer_name}) stopped before the end of the epoch (it"
+                              " died, or its loop ended early)")
+        kind, count, size = _HEADER.unpack(header)
         payload = _recv_exact(sock, size) if size else bytearray()
         if payload is None:
-            raise SourceError("the DataLoader worker that reads the shared stream (worker 0)"
-                              " stopped in the middle of a block")
+            raise SourceError(f"the DataLoader worker that reads the shared stream"
+                              f" ({self.dealer_name}) stopped in the middle of a block")
         if kind == _END:
             return None
         if kind == _ERROR:
@@ -430,10 +658,12 @@ class SharedStreamFeed:
         (name_len,) = struct.unpack_from("<I", view)
         name = bytes(view[4:4 + name_len]).decode("utf-8")
         pos = 4 + name_len
+        ids = np.frombuffer(view[pos:pos + 8 * count], np.int64).copy()
+        pos += 8 * count
         lengths = np.frombuffer(view[pos:pos + 8 * count], np.uint64).tolist()
         pos += 8 * count
         records = []
         for length in lengths:
             records.append(bytes(view[pos:pos + length]))
             pos += length
-        return name, first, records
+        return name, ids, records

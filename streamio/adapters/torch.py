@@ -21,8 +21,20 @@ rank * num_workers + worker)``:
   ``num_workers=k``, worker 0 reads it and deals blocks of records to all ``k`` workers (each
   record to exactly one), which decode and transform in parallel: see
   :mod:`streamio.adapters.shared_stream` (each worker shuffles its own share; a dead worker ends
-  the epoch with an error on every side). Several *ranks* sharing one stream is not supported
-  yet and raises :class:`~streamio.errors.UsageError` (one FIFO per rank, or several files).
+  the epoch with an error on every side). The local ranks of a host share it too (torchrun
+  on an 8-GPU host, one FIFO per host and channel in SageMaker): local rank 0's worker 0 (its
+  main process with ``num_workers=0``) deals to ``LOCAL_WORLD_SIZE x max(1, num_workers)``
+  readers. The local rank and local world size come from ``to_torch(local_rank=...,
+  local_world_size=...)``, else torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (when they fit
+  the rank and world size), else one host holds every rank. With several hosts
+  (``world_size > local_world_size``) each host reads its own stream, and
+  ``to_torch(node_streams=...)`` must say what they hold: ``"replicated"`` (every host's FIFO has
+  the same records, SageMaker ``FullyReplicated``: host ``rank // local_world_size`` keeps every
+  ``nodes``-th record) or ``"sharded"`` (each host's FIFO has its own records,
+  ``ShardedByS3Key``: it keeps them all). There is no default because a wrong guess silently
+  loses or repeats data; a multi-host run over single streams without it raises
+  :class:`~streamio.errors.UsageError`. (``sagemaker.channel()`` takes the host's share itself and
+  passes the local rank as the rank: it needs none of this.)
 
 Epochs
 ------
@@ -49,7 +61,11 @@ policy is applied there: :func:`to_device` (or :func:`even_batches` when you do 
 one tiny all-reduce of a "have a batch" flag per step. ``"drop"`` (the default) ends the epoch on
 every rank when the first rank runs out (the surplus batches of the other ranks are not used this
 epoch); ``"pad"`` keeps going until the last rank runs out, and ranks that ran out repeat their
-last batch (every record is used at least once; some twice); ``None`` does nothing.
+last batch (every record is used at least once; some twice); ``None`` does nothing. Ranks that
+share one stream get unequal shares by design (whoever asks first gets the next block, and the
+split changes from run to run); the same policies apply, and under DDP's lockstep the shares
+differ by about the blocks in flight (a few blocks of 64 records per rank), which ``"drop"``
+leaves unused that epoch: use ``"pad"`` where every record must be seen.
 """
 
 from __future__ import annotations
@@ -70,7 +86,7 @@ from ..errors import DecodeError, UsageError, UsageTypeError, require
 from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sources import PipeChannel
 from . import check_splittable, is_single_stream
-from .shared_stream import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed
+from .shared_stream import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
 
 torch = require("torch", "torch")
 
@@ -78,6 +94,7 @@ __all__ = [
     "DEFAULT_DEPTH",
     "DEFAULT_EVEN_BATCHES",
     "DevicePrefetcher",
+    "NodeStreams",
     "StreamDataset",
     "convert_batch",
     "even_batches",
@@ -86,6 +103,12 @@ __all__ = [
 ]
 
 EvenBatches = Optional[Literal["drop", "pad"]]
+#: What the hosts' streams hold when ranks on several hosts read one stream per host:
+#: "replicated" - every host's FIFO carries the same records (SageMaker FullyReplicated), so each
+#: host keeps its share; "sharded" - each host's FIFO carries its own records (ShardedByS3Key),
+#: so each host keeps them all. No default: guessing wrong loses or repeats data silently.
+NodeStreams = Optional[Literal["replicated", "sharded"]]
+_NODE_STREAMS = ("replicated", "sharded", None)
 _EVEN_BATCHES = ("drop", "pad", None)
 #: Dropping never invents data and never fails; "pad" repeats batches (see the module docstring).
 DEFAULT_EVEN_BATCHES: EvenBatches = "drop"
@@ -283,7 +306,9 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, dataset: Any, *, pin_memory: bool = False, rank: Optional[int] = None,
                  world_size: Optional[int] = None,
-                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                 local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
+                 node_streams: NodeStreams = None) -> None:
         super().__init__()
         for name in ("with_context", "shard", "sources"):
             if not hasattr(dataset, name):
@@ -295,10 +320,23 @@ class StreamDataset(torch.utils.data.IterableDataset):
             _check_int("rank", rank, 0)
             if rank >= world_size:
                 raise UsageError(f"rank {rank} is not below world_size {world_size}")
+        if (local_rank is None) != (local_world_size is None):
+            raise UsageError("pass both local_rank and local_world_size, or neither")
+        if local_world_size is not None:
+            _check_int("local_world_size", local_world_size, 1)
+            _check_int("local_rank", local_rank, 0)
+            if local_rank >= local_world_size:
+                raise UsageError(f"local_rank {local_rank} is not below local_world_size"
+                                 f" {local_world_size}")
+        if node_streams not in _NODE_STREAMS:
+            raise UsageError(f"node_streams must be one of {_NODE_STREAMS}, not {node_streams!r}")
         self.dataset = dataset
         self.pin_memory = bool(pin_memory)
         self.rank = rank
         self.world_size = world_size
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
+        self.node_streams = node_streams
         if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) \
                 or not connect_timeout > 0:
             raise UsageError(f"connect_timeout must be a positive number, not {connect_timeout!r}")
@@ -360,31 +398,103 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._epoch.set(epoch)
 
     def plan(self, *, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
-             num_workers: int = 1) -> Any:
-        """The streamio Dataset one reader reads in ``epoch`` (what ``__iter__`` uses)."""
+             num_workers: int = 1, local_rank: Optional[int] = None,
+             local_world_size: Optional[int] = None) -> Any:
+        """The streamio Dataset one reader reads in ``epoch`` (what ``__iter__`` uses).
+
+        ``local_rank``/``local_world_size``: where this rank sits on its host, for a single
+        stream shared by the host's ranks; None: ``to_torch()``'s, else torchrun's environment,
+        else one host (see the module docstring)."""
         readers = world_size * num_workers
-        index = rank * num_workers + worker
         ds = self.dataset.with_context(epoch=epoch, rank=rank, world_size=world_size,
                                        worker=worker, num_workers=num_workers)
         sources = tuple(self.dataset.sources)
-        if world_size == 1 and num_workers > 1 and _must_share(sources, num_workers):
-            # One stream, k workers: worker 0 deals blocks of records to all of them.
-            if getattr(self.dataset.decoder, "header", False) is True:
-                raise UsageError("a CSV header cannot be read from one stream shared by several"
-                                 " DataLoader workers: give the decoder its column names"
-                                 " (header=False), or use num_workers=0")
-            feed = SharedStreamFeed(self.dataset, token=self._share_token, epoch=epoch,
-                                    worker=worker, num_workers=num_workers,
-                                    connect_timeout=self.connect_timeout)
-            ds = ds._with_feed(feed)
+        if readers > 1 and _must_share(sources, readers):
+            ds = self._plan_shared(ds, epoch, rank, world_size, worker, num_workers, local_rank,
+                                   local_world_size)
         elif readers > 1:
             check_splittable(sources, readers,
                              f"{world_size} rank(s) x {num_workers} DataLoader worker(s)",
                              "use DataLoader(num_workers=0) on a single process")
-            ds = ds.shard(readers, index)
+            ds = ds.shard(readers, rank * num_workers + worker)
         for i, start in self._channel_starts.items():
             sources[i].epoch = start + epoch - self._channel_shift
         return ds
+
+    def _local(self, rank: int, world_size: int, local_rank: Optional[int],
+               local_world_size: Optional[int]) -> tuple[int, int]:
+        """(local rank, local world size): given to plan(), else to to_torch(), else torchrun's
+        LOCAL_RANK/LOCAL_WORLD_SIZE when they fit (rank, world_size), else one host."""
+        found = None
+        if local_world_size is not None:
+            found = (local_rank, local_world_size)
+        elif self.local_world_size is not None:
+            found = (self.local_rank, self.local_world_size)
+        if found is not None:
+            lr, lws = found
+            if world_size % lws or lr != rank % lws:
+                raise UsageError(f"local_rank {lr} of local_world_size {lws} does not fit rank"
+                                 f" {rank} of world_size {world_size}: ranks are numbered host"
+                                 " by host, rank = host * local_world_size + local_rank")
+            return lr, lws
+        try:  # torchrun sets these; explicit rank/world_size (a host's own ranks) may not match
+            lr = int(os.environ["LOCAL_RANK"])
+            lws = int(os.environ["LOCAL_WORLD_SIZE"])
+        except (KeyError, ValueError):
+            return rank, world_size
+        if 0 < lws <= world_size and world_size % lws == 0 and lr == rank % lws:
+            return lr, lws
+        return rank, world_size
+
+    def _plan_shared(self, ds: Any, epoch: int, rank: int, world_size: int, worker: int,
+                     num_workers: int, local_rank: Optional[int],
+                     local_world_size: Optional[int]) -> Any:
+        """A reader's plan when the readers must share a single stream: the host's readers
+        (local ranks x workers) share its stream through one dealer."""
+        local_rank, local_world = self._local(rank, world_size, local_rank, local_world_size)
+        nodes, node = world_size // local_world, rank // local_world
+        host_data = self.dataset
+        if nodes > 1:
+            if self.node_streams is None:
+                raise UsageError(
+                    f"{world_size} ranks on {nodes} hosts ({local_world} per host) read a single"
+                    " stream on each host: say what the hosts' streams hold with"
+                    " to_torch(node_streams='replicated') (every host's FIFO carries the same"
+                    " records, SageMaker FullyReplicated: each host keeps its share) or"
+                    " node_streams='sharded' (each host's FIFO carries its own records,"
+                    " ShardedByS3Key: each host keeps them all)")
+            if self.node_streams == "replicated":
+                host_data = host_data.shard(nodes, node)
+                ds = host_data.with_context(epoch=epoch, rank=rank, world_size=world_size,
+                                            worker=worker, num_workers=num_workers)
+        host_readers = local_world * num_workers
+        index = local_rank * num_workers + worker
+        host_sources = tuple(host_data.sources)
+        if host_readers == 1:
+            return ds  # the host's one reader reads its stream (its share, if replicated)
+        if not _must_share(host_sources, host_readers):
+            # Enough sources on this host for whole ones each (or files to split).
+            check_splittable(host_sources, host_readers,
+                             f"{local_world} local rank(s) x {num_workers} DataLoader worker(s)",
+                             "use DataLoader(num_workers=0) on a single process")
+            return ds.shard(host_readers, index)
+        if getattr(self.dataset.decoder, "header", False) is True:
+            raise UsageError("a CSV header cannot be read from one stream shared by several"
+                             " DataLoader workers or ranks: give the decoder its column names"
+                             " (header=False), or use num_workers=0 on a single rank")
+        if local_world == 1:
+            # One rank's workers: a token copied into them names the dealer.
+            feed = SharedStreamFeed(host_data, token=self._share_token, epoch=epoch,
+                                    worker=worker, num_workers=num_workers,
+                                    connect_timeout=self.connect_timeout)
+        else:
+            # Ranks are separate processes with separate tokens: they meet at an address derived
+            # from what they all know (the stream, the epoch, the job).
+            feed = SharedStreamFeed(host_data, address=stream_address(host_sources, epoch),
+                                    epoch=epoch, worker=worker, num_workers=num_workers,
+                                    local_rank=local_rank, local_world_size=local_world,
+                                    connect_timeout=self.connect_timeout)
+        return ds._with_feed(feed)
 
     # -- resume: torchdata StatefulDataLoader / torch.distributed.checkpoint Stateful -----------
     def state_dict(self) -> dict:
@@ -501,16 +611,26 @@ def _must_share(sources: tuple, readers: int) -> bool:
 
 def to_torch(dataset: Any, *, pin_memory: bool = False, rank: Optional[int] = None,
              world_size: Optional[int] = None,
-             connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> StreamDataset:
+             connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+             local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
+             node_streams: NodeStreams = None) -> StreamDataset:
     """``dataset`` as a ``torch.utils.data.IterableDataset`` of dicts of tensors.
 
     ``pin_memory``: pin the tensors (only when CUDA is available and only with ``num_workers=0``;
     with workers pass ``DataLoader(pin_memory=True)``). ``rank``/``world_size``: override what is
     found from ``torch.distributed`` or the torchrun environment. ``connect_timeout``: with one
-    stream shared by DataLoader workers, how long workers wait for each other to connect.
+    stream shared by DataLoader workers (and local ranks), how long the readers wait for each
+    other to connect; a rank that has not connected by then ends the epoch with a
+    ``SourceError`` naming it. ``local_rank``/``local_world_size``: this rank's place on its host
+    (default: torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), for one stream shared by the
+    host's ranks. ``node_streams``: with ranks on several hosts each reading its own single
+    stream, ``"replicated"`` (the hosts' streams carry the same records: each host keeps its
+    share) or ``"sharded"`` (each carries its own: keep all); required there, no default (a
+    wrong guess silently loses or repeats data).
     """
     return StreamDataset(dataset, pin_memory=pin_memory, rank=rank, world_size=world_size,
-                         connect_timeout=connect_timeout)
+                         connect_timeout=connect_timeout, local_rank=local_rank,
+                         local_world_size=local_world_size, node_streams=node_streams)
 
 
 # -- even batch counts under DDP ---------------------------------------------------------------
