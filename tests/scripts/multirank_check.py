@@ -18,7 +18,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 
 from streamio.decoders import Example, FixedLen
 
