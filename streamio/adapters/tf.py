@@ -25,19 +25,28 @@ instead of training on a silently different amount of data.
 ``Dataset.stats()`` of the Dataset given to ``to_tf()`` describes the latest epoch read through
 the tf.data Dataset (or by iterating the Dataset itself, whichever started later).
 
-Speed: ``from_generator`` costs ~0.5-1 ms per call of its generator, as much as decoding a batch
-of 256 small Examples. When every output has a fixed shape (dense fields, no ``VarLen``, sparse or
-string field), the generator hands TensorFlow blocks of up to ``BLOCK_BATCHES`` consecutive
-batches of one size, stacked as ``[k, B, ...]``, which ``unbatch()`` splits back into the same
-batches inside the tf.data runtime (a slice each, no Python): the per-call cost is paid once per
-block. A batch of another size (the last, partial one) starts a block of its own, so every batch
-comes out exactly as numpy iteration gives it. Other outputs go one batch per call. (Not used: a
-compiled tf.data op, which TensorFlow's unstable C++ ABI would tie to one TensorFlow version per
-build; and DLPack, since ``from_generator`` takes numpy arrays and handing over eager tensors by
-DLPack in a ``py_function`` measured no faster.)
+Speed: a Python call from inside tf.data costs far more than a numpy batch of 256 small Examples
+takes to decode, so when every output has a fixed shape (dense fields, no ``VarLen``, sparse or
+string field) TensorFlow gets blocks of up to ``BLOCK_BATCHES`` consecutive batches of one size,
+stacked as ``[k, B, ...]``, which ``unbatch()`` splits back into the same batches inside the
+tf.data runtime (a slice each, no Python). A batch of another size (the last, partial one) starts
+a block of its own, so every batch comes out exactly as numpy iteration gives it. The blocks come
+from one ``tf.numpy_function`` per block under a ``scan`` (whose state is the iterator's token),
+not from ``from_generator``, whose ``flat_map`` and per-element checks cost more per block and
+per epoch (see ``_EpochSource.block_dataset``); ``prefetch(BLOCK_PREFETCH)`` then lets the Python
+side make the next block while TensorFlow consumes this one. Other outputs go one batch per
+``from_generator`` call. (Not used: a compiled tf.data op, which TensorFlow's unstable C++ ABI
+would tie to one TensorFlow version per build; and DLPack, since handing over eager tensors by
+DLPack in a ``py_function`` measured no faster than numpy arrays.)
 
-Errors raised while reading reach the user as TensorFlow errors (``from_generator`` wraps them)
-whose message carries streamio's message.
+One iteration at a time on the block path: a new iteration (the next epoch) closes the epoch a
+``break`` or a shorter Keras epoch left open (its sources and threads; TensorFlow does not tell a
+``numpy_function`` that an iterator was dropped), and an older iterator still being read then
+fails with a :class:`~streamio.errors.UsageError` rather than share an epoch. Call ``to_tf()``
+once per concurrent reader.
+
+Errors raised while reading reach the user as TensorFlow errors (``numpy_function`` and
+``from_generator`` wrap them) whose message carries streamio's message.
 """
 
 from __future__ import annotations
@@ -58,11 +67,15 @@ tf = require("tensorflow", "tf")
 
 __all__ = ["element_spec", "resume_callback", "to_tf"]
 
-#: Batches per generator call on the fixed-shape path. 16 makes the ~0.5-1 ms call cost small
-#: beside the batches' own cost (measured on 2 cores, 200k Examples in batches of 256, read
-#: inside a tf.function: 540k rec/s one batch per call, 920k with 16); 64 measured no better
-#: and delays the first batch more. Capped by BLOCK_BYTES.
+#: Batches per Python call on the fixed-shape path. 16 makes the per-call cost small beside the
+#: batches' own cost (measured on 2 cores, 200k Examples in batches of 256, read inside a
+#: tf.function through from_generator: 540k rec/s one batch per call, 920k with 16); 64
+#: measured no better and delays the first batch more. Capped by BLOCK_BYTES.
 BLOCK_BATCHES = 16
+#: Blocks made ahead by a tf.data prefetch, so the Python side (reading, decoding, stacking) runs
+#: while TensorFlow consumes the previous block. One is enough to overlap the two; each costs up
+#: to BLOCK_BYTES.
+BLOCK_PREFETCH = 1
 #: The most bytes one stacked block may hold (large rows get fewer batches per call): the block
 #: is an extra copy, alive until TensorFlow has split it.
 BLOCK_BYTES = 16 << 20
@@ -176,6 +189,11 @@ def _stack(batches: list, spec: dict) -> dict:
     return out
 
 
+_OVERTAKEN = ("a to_tf() Dataset is read by one iterator at a time: another iteration of it"
+              " started while this one was running, and closed it; iterate it again, or call"
+              " to_tf() once per reader")
+
+
 class _EpochSource:
     """The generator function ``from_generator`` calls once per iteration (= per epoch)."""
 
@@ -269,29 +287,36 @@ class _EpochSource:
                 # One iteration at a time: a stream is read in order, and a new iteration
                 # means the previous one was abandoned (a break, a Keras epoch of fewer steps)
                 # and its iterator dropped, which TensorFlow does not tell a numpy_function.
-                stale = list(self._open.values())
-                self._open = {token: self._blocks()}
-            for blocks in stale:
-                blocks.close()  # its prefetch threads and sources
-        blocks = self._open.get(token)
-        if blocks is None and token == self._finished:
+                stale, self._open = self._open, {token: (self._blocks(), threading.Lock())}
+            for blocks, busy in stale.values():
+                # A call still reading it (an iterator not dropped yet) closes it when done.
+                if busy.acquire(blocking=False):
+                    try:
+                        blocks.close()  # its prefetch threads and sources
+                    finally:
+                        busy.release()
+        entry = self._open.get(token)
+        if entry is None and token == self._finished:
             # Called again after its end or its error (TensorFlow may ask once more).
             return [np.int64(token)] + self._end
-        if blocks is None:
-            raise UsageError("a to_tf() Dataset is read by one iterator at a time: another"
-                             " iteration of it started while this one was running, and"
-                             " closed it; iterate it again, or call to_tf() once per reader")
-        try:
-            block = next(blocks)
-        except BaseException as exc:
-            with self._lock:
-                if self._open.get(token) is blocks:
-                    del self._open[token]
-                    self._finished = token
-            blocks.close()
-            if isinstance(exc, StopIteration):
-                return [np.int64(token)] + self._end
-            raise
+        if entry is None:
+            raise UsageError(_OVERTAKEN)
+        blocks, busy = entry
+        with busy:
+            try:
+                block = next(blocks)
+            except BaseException as exc:
+                with self._lock:
+                    if self._open.get(token) is entry:
+                        del self._open[token]
+                        self._finished = token
+                blocks.close()
+                if isinstance(exc, StopIteration):
+                    return [np.int64(token)] + self._end
+                raise
+            if self._open.get(token) is not entry:  # overtaken while reading this block
+                blocks.close()
+                raise UsageError(_OVERTAKEN)
         return [np.int64(token)] + [block[name] for name in self.spec]
 
     def block_dataset(self, signature: dict) -> Any:
@@ -419,7 +444,7 @@ def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = 
     if batched and _fixed_shape(spec):
         source.block = _block_batches(spec, dataset.batch_size)
     if source.block > 1:
-        tfds = source.block_dataset(_blocked_signature(signature))
+        tfds = source.block_dataset(_blocked_signature(signature)).prefetch(BLOCK_PREFETCH)
         tfds = tfds.unbatch()  # back to the batches: [k, B, ...] -> k x [B, ...]
     else:
         tfds = tf.data.Dataset.from_generator(source, output_signature=signature)
