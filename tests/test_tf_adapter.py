@@ -405,3 +405,59 @@ def test_a_learnt_dense_spec_takes_the_block_path_and_keeps_the_peeked_batch(tmp
         assert [len(b["values"]) for b in got] == [20] * 10 + [3]
         assert_same_batches(got, expected)
         np.testing.assert_array_equal(np.concatenate([b["values"].numpy() for b in got]), x)
+
+
+_FIFO_WRITER = ("import sys\n"
+                "data = open(sys.argv[2], 'rb').read()\n"
+                "try:\n"
+                "    with open(sys.argv[1], 'wb') as f:\n"
+                "        f.write(data)\n"
+                "except BrokenPipeError:\n"
+                "    sys.exit(3)  # the reader closed the FIFO before the end\n")
+
+
+def test_a_new_iteration_closes_the_epoch_a_break_left_open(tmp_path):
+    """A break leaves epoch 0's FIFO half read (its writer blocked); the next iteration closes
+    it (the writer sees the reader go) and reads epoch 1's FIFO whole."""
+    path = str(tmp_path / "fixed.tfrecord")
+    _write_fixed(path, 60_000)  # ~4 MB: more than the pipe and the reader's buffer hold
+    prefix = str(tmp_path / "train")
+    writers = []
+    for epoch in range(2):
+        os.mkfifo(f"{prefix}_{epoch}")
+        writers.append(subprocess.Popen([sys.executable, "-c", _FIFO_WRITER,
+                                         f"{prefix}_{epoch}", path]))
+    try:
+        channel = streamio.PipeChannel(prefix, open_timeout=30, read_timeout=30)
+        tfds = Dataset(channel, "tfrecord", decoder=FIXED).batch(64).to_tf()
+        for batch in tfds:
+            assert len(batch["id"]) == 64
+            break
+        assert writers[0].poll() is None  # still blocked: epoch 0 is open
+        ids = [int(i) for batch in tfds for i in batch["id"].numpy()]
+        assert ids == list(range(60_000))
+        assert writers[0].wait(timeout=30) == 3  # its reader went away mid-stream
+        assert writers[1].wait(timeout=30) == 0
+    finally:
+        for w in writers:
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+
+
+def test_two_iterators_at_once_fail_loudly_rather_than_share_an_epoch(tmp_path):
+    """The block path reads one iteration at a time: an iterator overtaken by a newer one
+    raises (never hands out the newer one's batches), and the newer one gets a whole epoch."""
+    path = str(tmp_path / "fixed.tfrecord")
+    _write_fixed(path, 1000)
+    tfds = Dataset(path, "tfrecord", decoder=FIXED).batch(16).to_tf()
+    first = iter(tfds)
+    next(first)
+    second = iter(tfds)
+    got = [next(second)]
+    with pytest.raises(tf.errors.OpError, match="one iterator at a time"):
+        for _ in first:
+            pass
+    got.extend(second)
+    expected = list(Dataset(path, "tfrecord", decoder=FIXED).batch(16))
+    assert_same_batches(got, expected)

@@ -25,19 +25,28 @@ instead of training on a silently different amount of data.
 ``Dataset.stats()`` of the Dataset given to ``to_tf()`` describes the latest epoch read through
 the tf.data Dataset (or by iterating the Dataset itself, whichever started later).
 
-Speed: ``from_generator`` costs ~0.5-1 ms per call of its generator, as much as decoding a batch
-of 256 small Examples. When every output has a fixed shape (dense fields, no ``VarLen``, sparse or
-string field), the generator hands TensorFlow blocks of up to ``BLOCK_BATCHES`` consecutive
-batches of one size, stacked as ``[k, B, ...]``, which ``unbatch()`` splits back into the same
-batches inside the tf.data runtime (a slice each, no Python): the per-call cost is paid once per
-block. A batch of another size (the last, partial one) starts a block of its own, so every batch
-comes out exactly as numpy iteration gives it. Other outputs go one batch per call. (Not used: a
-compiled tf.data op, which TensorFlow's unstable C++ ABI would tie to one TensorFlow version per
-build; and DLPack, since ``from_generator`` takes numpy arrays and handing over eager tensors by
-DLPack in a ``py_function`` measured no faster.)
+Speed: a Python call from inside tf.data costs far more than a numpy batch of 256 small Examples
+takes to decode, so when every output has a fixed shape (dense fields, no ``VarLen``, sparse or
+string field) TensorFlow gets blocks of up to ``BLOCK_BATCHES`` consecutive batches of one size,
+stacked as ``[k, B, ...]``, which ``unbatch()`` splits back into the same batches inside the
+tf.data runtime (a slice each, no Python). A batch of another size (the last, partial one) starts
+a block of its own, so every batch comes out exactly as numpy iteration gives it. The blocks come
+from one ``tf.numpy_function`` per block under a ``scan`` (whose state is the iterator's token),
+not from ``from_generator``, whose ``flat_map`` and per-element checks cost more per block and
+per epoch (see ``_EpochSource.block_dataset``); ``prefetch(BLOCK_PREFETCH)`` then lets the Python
+side make the next block while TensorFlow consumes this one. Other outputs go one batch per
+``from_generator`` call. (Not used: a compiled tf.data op, which TensorFlow's unstable C++ ABI
+would tie to one TensorFlow version per build; and DLPack, since handing over eager tensors by
+DLPack in a ``py_function`` measured no faster than numpy arrays.)
 
-Errors raised while reading reach the user as TensorFlow errors (``from_generator`` wraps them)
-whose message carries streamio's message.
+One iteration at a time on the block path: a new iteration (the next epoch) closes the epoch a
+``break`` or a shorter Keras epoch left open (its sources and threads; TensorFlow does not tell a
+``numpy_function`` that an iterator was dropped), and an older iterator still being read then
+fails with a :class:`~streamio.errors.UsageError` rather than share an epoch. Call ``to_tf()``
+once per concurrent reader.
+
+Errors raised while reading reach the user as TensorFlow errors (``numpy_function`` and
+``from_generator`` wrap them) whose message carries streamio's message.
 """
 
 from __future__ import annotations
@@ -58,11 +67,15 @@ tf = require("tensorflow", "tf")
 
 __all__ = ["element_spec", "resume_callback", "to_tf"]
 
-#: Batches per generator call on the fixed-shape path. 16 makes the ~0.5-1 ms call cost small
-#: beside the batches' own cost (measured on 2 cores, 200k Examples in batches of 256, read
-#: inside a tf.function: 540k rec/s one batch per call, 920k with 16); 64 measured no better
-#: and delays the first batch more. Capped by BLOCK_BYTES.
+#: Batches per Python call on the fixed-shape path. 16 makes the per-call cost small beside the
+#: batches' own cost (measured on 2 cores, 200k Examples in batches of 256, read inside a
+#: tf.function through from_generator: 540k rec/s one batch per call, 920k with 16); 64
+#: measured no better and delays the first batch more. Capped by BLOCK_BYTES.
 BLOCK_BATCHES = 16
+#: Blocks made ahead by a tf.data prefetch, so the Python side (reading, decoding, stacking) runs
+#: while TensorFlow consumes the previous block. One is enough to overlap the two; each costs up
+#: to BLOCK_BYTES.
+BLOCK_PREFETCH = 1
 #: The most bytes one stacked block may hold (large rows get fewer batches per call): the block
 #: is an extra copy, alive until TensorFlow has split it.
 BLOCK_BYTES = 16 << 20
@@ -176,6 +189,11 @@ def _stack(batches: list, spec: dict) -> dict:
     return out
 
 
+_OVERTAKEN = ("a to_tf() Dataset is read by one iterator at a time: another iteration of it"
+              " started while this one was running, and closed it; iterate it again, or call"
+              " to_tf() once per reader")
+
+
 class _EpochSource:
     """The generator function ``from_generator`` calls once per iteration (= per epoch)."""
 
@@ -193,6 +211,12 @@ class _EpochSource:
         # Resume: a state the first epoch resumes from, and the running epoch's iterator.
         self.resume: Optional[dict] = None
         self.current: Any = None
+        # The block path's open epoch by iterator token (see next_block; one at a time), and
+        # the empty end-of-epoch block.
+        self._ids = itertools.count(1)
+        self._open: dict = {}
+        self._finished = -1  # the token of the latest iteration that ended (or failed)
+        self._end: list = []
 
     def latest_stats(self) -> Optional[tuple]:
         """``(started_at, snapshot)`` of the latest epoch read here (``Dataset.stats()``)."""
@@ -237,9 +261,7 @@ class _EpochSource:
             yield from self._start()
 
     def __call__(self) -> Iterator[Any]:
-        if self.block > 1:
-            yield from self._blocks()
-            return
+        """``from_generator``'s generator off the block path: one batch per call."""
         spec = self.spec
         for batch in self._batches():
             if isinstance(batch, dict):
@@ -249,6 +271,81 @@ class _EpochSource:
                 yield _to_tf_value(batch, None)
             else:
                 yield batch  # raw records: bytes, or a list of bytes (tf.string)
+
+    # -- the block path: one numpy_function call per block -----------------------------------
+    def next_block(self, token: Any) -> list:
+        """``[token, field arrays...]``: the next block of the iteration ``token`` names (-1: a
+        new iteration, which opens the next epoch and gets a token), the arrays in the spec's
+        field order. At the epoch's end (or after an error) the epoch is closed at once, and
+        the end is an empty block (``k = 0``), which ``take_while`` stops at: a
+        ``numpy_function`` cannot end a ``map`` or ``scan`` by raising StopIteration
+        (TensorFlow reports that as an error)."""
+        token = int(token)
+        if token < 0:
+            with self._lock:
+                token = next(self._ids)
+                # One iteration at a time: a stream is read in order, and a new iteration
+                # means the previous one was abandoned (a break, a Keras epoch of fewer steps)
+                # and its iterator dropped, which TensorFlow does not tell a numpy_function.
+                stale, self._open = self._open, {token: (self._blocks(), threading.Lock())}
+            for blocks, busy in stale.values():
+                # A call still reading it (an iterator not dropped yet) closes it when done.
+                if busy.acquire(blocking=False):
+                    try:
+                        blocks.close()  # its prefetch threads and sources
+                    finally:
+                        busy.release()
+        entry = self._open.get(token)
+        if entry is None and token == self._finished:
+            # Called again after its end or its error (TensorFlow may ask once more).
+            return [np.int64(token)] + self._end
+        if entry is None:
+            raise UsageError(_OVERTAKEN)
+        blocks, busy = entry
+        with busy:
+            try:
+                block = next(blocks)
+            except BaseException as exc:
+                with self._lock:
+                    if self._open.get(token) is entry:
+                        del self._open[token]
+                        self._finished = token
+                blocks.close()
+                if isinstance(exc, StopIteration):
+                    return [np.int64(token)] + self._end
+                raise
+            if self._open.get(token) is not entry:  # overtaken while reading this block
+                blocks.close()
+                raise UsageError(_OVERTAKEN)
+        return [np.int64(token)] + [block[name] for name in self.spec]
+
+    def block_dataset(self, signature: dict) -> Any:
+        """The ``tf.data.Dataset`` of ``[k, B, ...]`` blocks, before ``unbatch()``.
+
+        A ``scan`` carries each iterator's token (its state starts at -1 in every new
+        iterator); one ``numpy_function`` per block hands the arrays over. Not
+        ``from_generator``: it wraps its generator in a ``flat_map`` and checks every element
+        in Python, which cost ~15% more CPU per block and ~25 ms more to start each epoch on
+        2 cores (measured on constant blocks in a graph-mode loop), where the adapters
+        benchmark's 200k-record epoch takes ~250 ms.
+        """
+        names = list(self.spec)
+        specs = [signature[name] for name in names]
+        dtypes = [tf.int64] + [s.dtype for s in specs]
+        self._end = [np.empty((0,) + tuple(0 if d is None else d for d in s.shape[1:]),
+                              dtype=s.dtype.as_numpy_dtype) for s in specs]
+
+        def step(token: Any, _: Any) -> tuple:
+            token, *arrays = tf.numpy_function(self.next_block, [token], dtypes, stateful=True)
+            token.set_shape(())
+            for array, spec in zip(arrays, specs):
+                array.set_shape(spec.shape)
+            return token, dict(zip(names, arrays))
+
+        # range(2**62): endless in practice; take_while ends each iteration at its empty block.
+        return (tf.data.Dataset.range(2 ** 62)
+                .scan(tf.constant(-1, tf.int64), step)
+                .take_while(lambda block: tf.shape(block[names[0]])[0] > 0))
 
     def _blocks(self) -> Iterator[dict]:
         """Runs of up to ``block`` consecutive batches of one size, stacked: a batch of another
@@ -347,8 +444,7 @@ def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = 
     if batched and _fixed_shape(spec):
         source.block = _block_batches(spec, dataset.batch_size)
     if source.block > 1:
-        tfds = tf.data.Dataset.from_generator(source,
-                                              output_signature=_blocked_signature(signature))
+        tfds = source.block_dataset(_blocked_signature(signature)).prefetch(BLOCK_PREFETCH)
         tfds = tfds.unbatch()  # back to the batches: [k, B, ...] -> k x [B, ...]
     else:
         tfds = tf.data.Dataset.from_generator(source, output_signature=signature)
