@@ -14,7 +14,6 @@ import pickle
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
