@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.multiprocessing  # noqa: E402,F401 - registers torch's tensor reducers
+import torch.multiprocessing  # noqa: E402,F401,F811 - registers torch's tensor reducers
 
 from streamio.adapters import torch as adapter  # noqa: E402
 
