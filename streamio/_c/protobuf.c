@@ -128,6 +128,50 @@ static int skip_value(const unsigned char *b, uint64_t tag, Py_ssize_t *pos, Py_
     }
 }
 
+/* Bytes [start, stop) of the record being parsed. */
+typedef struct {
+    Py_ssize_t start, stop;
+} span;
+
+/* A bit per field number (below 32): the length-delimited fields a walker wants. */
+#define FIELD_BIT(n) (1u << (n))
+
+/* Whether ``tag`` is that of a length-delimited field whose number is in ``wanted``. The usual
+ * sets are plain compares (the walkers' sets are constants once inlined: the hot loops keep
+ * the cost of comparing tags directly). */
+static inline int field_wanted(uint64_t tag, uint32_t wanted)
+{
+    if (wanted == FIELD_BIT(1))
+        return tag == 0x0A;
+    if (wanted == (FIELD_BIT(1) | FIELD_BIT(2)))
+        return tag == 0x0A || tag == 0x12;
+    /* wire type 2 and a field number below 32 (one test), then is that field wanted */
+    return (tag & ~(uint64_t)0xF8) == 2 && (wanted & FIELD_BIT(tag >> 3));
+}
+
+/* The next length-delimited field of b[*pos:end] whose number is in ``wanted``, every other field
+ * skipped: 1 with its number and the span of its bytes (*pos just after them), 0 at the end of
+ * the message, -1 if malformed. */
+static inline int next_field(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end,
+                             uint32_t wanted, uint64_t *field, span *value, wire_err *err)
+{
+    while (*pos < end) {
+        uint64_t tag;
+        if (rd_tag(b, pos, end, &tag, err) < 0)
+            return -1;
+        if (field_wanted(tag, wanted)) {
+            if (rd_len(b, *pos, end, &value->start, &value->stop, err) < 0)
+                return -1;
+            *pos = value->stop;
+            *field = tag >> 3;
+            return 1;
+        }
+        if (skip_value(b, tag, pos, end, 0, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Batch parsing helpers: record buffers, growable arrays, feature keys, numpy outputs
  * ------------------------------------------------------------------------------------------- */
@@ -244,18 +288,18 @@ typedef struct {
 
 static int pv_push(piece_vec *v, Py_ssize_t rec, Py_ssize_t start, Py_ssize_t len)
 {
-    piece *items = v->n < v->cap ? v->items : vec_grow(v->items, &v->cap, sizeof(piece), 64);
-    if (items == NULL)
-        return -1;
-    v->items = items;
-    items[v->n++] = (piece){rec, start, len};
+    if (v->n == v->cap) {
+        piece *items = vec_grow(v->items, &v->cap, sizeof(piece), 64);
+        if (items == NULL)
+            return -1;
+        v->items = items;
+    }
+    v->items[v->n].rec = rec;
+    v->items[v->n].start = start;
+    v->items[v->n].len = len;
+    v->n++;
     return 0;
 }
-
-/* Bytes [start, stop) of the record being parsed. */
-typedef struct {
-    Py_ssize_t start, stop;
-} span;
 
 typedef struct {
     span *items;
@@ -264,11 +308,15 @@ typedef struct {
 
 static int sv_push(span_vec *v, Py_ssize_t start, Py_ssize_t stop)
 {
-    span *items = v->n < v->cap ? v->items : vec_grow(v->items, &v->cap, sizeof(span), 32);
-    if (items == NULL)
-        return -1;
-    v->items = items;
-    items[v->n++] = (span){start, stop};
+    if (v->n == v->cap) {
+        span *items = vec_grow(v->items, &v->cap, sizeof(span), 32);
+        if (items == NULL)
+            return -1;
+        v->items = items;
+    }
+    v->items[v->n].start = start;
+    v->items[v->n].stop = stop;
+    v->n++;
     return 0;
 }
 
@@ -279,11 +327,13 @@ typedef struct {
 
 static int iv_push(i64_vec *v, int64_t x)
 {
-    int64_t *items = v->n < v->cap ? v->items : vec_grow(v->items, &v->cap, sizeof(int64_t), 64);
-    if (items == NULL)
-        return -1;
-    v->items = items;
-    items[v->n++] = x;
+    if (v->n == v->cap) {
+        int64_t *items = vec_grow(v->items, &v->cap, sizeof(int64_t), 64);
+        if (items == NULL)
+            return -1;
+        v->items = items;
+    }
+    v->items[v->n++] = x;
     return 0;
 }
 
@@ -369,7 +419,7 @@ static int names_build(name_index *ix, PyObject **keys, Py_ssize_t n)
     return 0;
 }
 
-static Py_ssize_t names_find_local(const name_index *ix, const unsigned char *key, Py_ssize_t len)
+static inline Py_ssize_t names_find_local(const name_index *ix, const unsigned char *key, Py_ssize_t len)
 {
     if (ix->table == NULL) {
         for (Py_ssize_t j = ix->n - 1; j >= 0; j--)
@@ -396,31 +446,23 @@ static inline Py_ssize_t names_find(const name_index *ix, const unsigned char *k
 
 /* One map<string, Message> entry {key = 1; value = 2} at b[pos:end]: the key (last wins, empty
  * by default) and the spans of every value occurrence (appended to ``values``). */
-static int map_entry(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t *key_start,
+static inline int map_entry(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t *key_start,
                      Py_ssize_t *key_len, span_vec *values, wire_err *err)
 {
+    uint64_t field;
+    span v;
+    int rc;
     *key_start = 0;
     *key_len = 0;
-    while (pos < end) {
-        uint64_t tag;
-        Py_ssize_t start, stop;
-        if (rd_tag(b, &pos, end, &tag, err) < 0)
-            return -1;
-        if (tag == 0x0A || tag == 0x12) {
-            if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                return -1;
-            pos = stop;
-            if (tag == 0x0A) {
-                *key_start = start;
-                *key_len = stop - start;
-            } else if (sv_push(values, start, stop) < 0) {
-                return -2; /* out of memory: the caller raises MemoryError with the GIL */
-            }
-        } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
-            return -1;
+    while ((rc = next_field(b, &pos, end, FIELD_BIT(1) | FIELD_BIT(2), &field, &v, err)) > 0) {
+        if (field == 1) {
+            *key_start = v.start;
+            *key_len = v.stop - v.start;
+        } else if (sv_push(values, v.start, v.stop) < 0) {
+            return -2; /* out of memory: the caller raises MemoryError with the GIL */
         }
     }
-    return 0;
+    return rc;
 }
 
 /* Per-record bookkeeping of which wanted keys were found: the spans of the last entry for each,
@@ -473,29 +515,20 @@ static int collect_entries(const unsigned char *b, const span *spans, Py_ssize_t
                            const name_index *ix, const name_index *ix2, found_set *f,
                            Py_ssize_t stamp, wire_err *err)
 {
+    uint32_t wanted = FIELD_BIT(1) | (ix2 != NULL ? FIELD_BIT(2) : 0);
     f->pool.n = 0;
     f->norder = 0;
     for (Py_ssize_t s = 0; s < nspans; s++) {
         Py_ssize_t pos = spans[s].start, end = spans[s].stop;
-        while (pos < end) {
-            uint64_t tag;
-            Py_ssize_t start, stop, key_start, key_len;
-            if (rd_tag(b, &pos, end, &tag, err) < 0)
-                return -1;
-            const name_index *lookup = tag == 0x0A ? ix : (tag == 0x12 ? ix2 : NULL);
-            if (lookup == NULL) {
-                if (skip_value(b, tag, &pos, end, 0, err) < 0)
-                    return -1;
-                continue;
-            }
-            if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                return -1;
-            pos = stop;
-            Py_ssize_t first = f->pool.n;
-            int rc = map_entry(b, start, stop, &key_start, &key_len, &f->pool, err);
+        uint64_t field;
+        span entry;
+        int rc;
+        while ((rc = next_field(b, &pos, end, wanted, &field, &entry, err)) > 0) {
+            Py_ssize_t first = f->pool.n, key_start, key_len;
+            rc = map_entry(b, entry.start, entry.stop, &key_start, &key_len, &f->pool, err);
             if (rc < 0)
                 return rc;
-            Py_ssize_t j = names_find(lookup, b + key_start, key_len);
+            Py_ssize_t j = names_find(field == 1 ? ix : ix2, b + key_start, key_len);
             if (j < 0)
                 continue;
             if (f->stamp[j] != stamp) {
@@ -505,12 +538,11 @@ static int collect_entries(const unsigned char *b, const span *spans, Py_ssize_t
             f->first[j] = first;
             f->count[j] = f->pool.n - first;
         }
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
-
-/* A bit per field number (below 32) of a oneof's length-delimited members. */
-#define ONEOF_FIELD(n) (1u << (n))
 
 /* The member of a oneof set last in a message (its spans merged), among the length-delimited
  * fields in ``members``: *kind is its field number (0: none set) and ``values`` the spans of its
@@ -522,26 +554,19 @@ static int oneof_last(const unsigned char *b, const span *spans, Py_ssize_t nspa
     values->n = 0;
     for (Py_ssize_t s = 0; s < nspans; s++) {
         Py_ssize_t pos = spans[s].start, end = spans[s].stop;
-        while (pos < end) {
-            uint64_t tag;
-            Py_ssize_t start, stop;
-            if (rd_tag(b, &pos, end, &tag, err) < 0)
-                return -1;
-            uint64_t field = tag >> 3;
-            if ((tag & 7) == 2 && field < 32 && (members & ONEOF_FIELD(field))) {
-                if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                    return -1;
-                pos = stop;
-                if ((int)field != *kind) {
-                    *kind = (int)field;
-                    values->n = 0;
-                }
-                if (sv_push(values, start, stop) < 0)
-                    return -2;
-            } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
-                return -1;
+        uint64_t field;
+        span v;
+        int rc;
+        while ((rc = next_field(b, &pos, end, members, &field, &v, err)) > 0) {
+            if ((int)field != *kind) {
+                *kind = (int)field;
+                values->n = 0;
             }
+            if (sv_push(values, v.start, v.stop) < 0)
+                return -2;
         }
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -821,7 +846,7 @@ static int kind_at(PyObject *kinds, Py_ssize_t j, uint32_t allowed, const char *
     long k = PyLong_AsLong(PyTuple_GET_ITEM(kinds, j));
     if (k == -1 && PyErr_Occurred())
         return -1;
-    if (k < 0 || k >= 32 || !(allowed & (1u << k))) {
+    if (k < 0 || k >= 32 || !(allowed & FIELD_BIT(k))) {
         PyErr_Format(PyExc_ValueError, "kinds must be %s, not %ld", allowed_text, k);
         return -1;
     }
@@ -930,7 +955,7 @@ static PyObject *raise_walk_fault(const walk_fault *f, const kernel_args *ka, fi
 #define KIND_BYTES 1
 #define KIND_FLOAT 2
 #define KIND_INT64 3
-#define FEATURE_KINDS (ONEOF_FIELD(KIND_BYTES) | ONEOF_FIELD(KIND_FLOAT) | ONEOF_FIELD(KIND_INT64))
+#define FEATURE_KINDS (FIELD_BIT(KIND_BYTES) | FIELD_BIT(KIND_FLOAT) | FIELD_BIT(KIND_INT64))
 static const char *const example_kind_names[] = {"no value list", "bytes_list", "float_list",
                                                  "int64_list"};
 
@@ -1078,24 +1103,17 @@ static int feature_set_init(feature_set *s, PyObject *names, PyObject *kinds, Py
 static int top_level(const unsigned char *b, Py_ssize_t end, span_vec top[], int ntop,
                      wire_err *err)
 {
+    uint32_t wanted = FIELD_BIT(1) | (ntop == 2 ? FIELD_BIT(2) : 0);
     Py_ssize_t pos = 0;
+    uint64_t field;
+    span v;
+    int rc;
     top[0].n = top[1].n = 0;
-    while (pos < end) {
-        uint64_t tag;
-        Py_ssize_t start, stop;
-        if (rd_tag(b, &pos, end, &tag, err) < 0)
-            return -1;
-        if (tag == 0x0A || (tag == 0x12 && ntop == 2)) {
-            if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                return -1;
-            pos = stop;
-            if (sv_push(&top[tag == 0x12], start, stop) < 0)
-                return -2;
-        } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
-            return -1;
-        }
+    while ((rc = next_field(b, &pos, end, wanted, &field, &v, err)) > 0) {
+        if (sv_push(&top[field - 1], v.start, v.stop) < 0)
+            return -2;
     }
-    return 0;
+    return rc;
 }
 
 /* The features of record i in the spans ``top`` of its Features message(s): each wanted
@@ -1185,24 +1203,16 @@ static int read_steps(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, exampl
     int64_t steps = 0;
     for (Py_ssize_t k = 0; k < s->found.count[j]; k++) {
         Py_ssize_t pos = spans[k].start, end = spans[k].stop;
-        while (pos < end) {
-            uint64_t tag;
-            Py_ssize_t start, stop;
-            int rc;
-            if (rd_tag(b, &pos, end, &tag, err) < 0)
-                return -1;
-            if (tag != 0x0A) {
-                if (skip_value(b, tag, &pos, end, 0, err) < 0)
-                    return -1;
-                continue;
-            }
-            if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                return -1;
-            pos = stop;
-            if ((rc = read_step(b, i, j, start, stop, eb, err)) < 0)
+        uint64_t field;
+        span feature;
+        int rc;
+        while ((rc = next_field(b, &pos, end, FIELD_BIT(1), &field, &feature, err)) > 0) {
+            if ((rc = read_step(b, i, j, feature.start, feature.stop, eb, err)) < 0)
                 return rc;
             steps++;
         }
+        if (rc < 0)
+            return rc;
     }
     s->counts[i * s->n + j] = steps;
     return 0;
@@ -1379,8 +1389,8 @@ static PyObject *py_parse_sequence_examples(PyObject *self, PyObject *args, PyOb
 #define RKIND_FLOAT64 3
 #define RKIND_INT32 7
 #define RKIND_BYTES 9
-#define RECORDIO_KINDS (ONEOF_FIELD(RKIND_FLOAT32) | ONEOF_FIELD(RKIND_FLOAT64) \
-                        | ONEOF_FIELD(RKIND_INT32) | ONEOF_FIELD(RKIND_BYTES))
+#define RECORDIO_KINDS (FIELD_BIT(RKIND_FLOAT32) | FIELD_BIT(RKIND_FLOAT64) \
+                        | FIELD_BIT(RKIND_INT32) | FIELD_BIT(RKIND_BYTES))
 
 static const char *rkind_name(int kind)
 {
