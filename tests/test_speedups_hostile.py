@@ -18,6 +18,7 @@ speedups = pytest.importorskip("streamio._speedups",
                                reason="C accelerator not built (python setup.py build_ext --inplace)")
 
 from streamio.decoders.example import parse_examples as example_reference  # noqa: E402
+from streamio.decoders.example import parse_sequence_examples as sequence_reference  # noqa: E402
 from streamio.decoders._wire import len_field  # noqa: E402
 from streamio.decoders.recordio_protobuf import encode_recordio_protobuf  # noqa: E402
 from streamio.decoders.recordio_protobuf import parse_recordio_protobuf as protobuf_reference  # noqa: E402,E501
@@ -89,6 +90,27 @@ def test_parse_examples_kind_index_that_empties_names_and_records():
     got = speedups.parse_examples(records, names, kinds)
     assert _same_arrays(got[0], expected[0]) and np.array_equal(got[1], expected[1])
     assert got[1].tolist() == [[1], [1]]
+
+
+def test_parse_sequence_examples_index_that_empties_both_pairs_and_records():
+    # SequenceExample{context=1: Features{x: float}, feature_lists=2: {s: FeatureList{2 steps}}}
+    def sequence(value: float) -> bytes:
+        feature = _field(2, _field(1, np.float32(value).tobytes()))
+        context = _field(1, _field(1, b"x") + _field(2, feature))
+        lists = _field(1, _field(1, b"s") + _field(2, _field(1, feature) * 2))
+        return _field(1, context) + _field(2, lists)
+
+    records = [sequence(1.5), sequence(-2.0)]
+    expected = sequence_reference(list(records), (b"x",), (2,), (b"s",), (2,))
+    context_names, sequence_names = [b"x"], [b"s"]
+    context_kinds = [Mutator(2, context_names, sequence_names, records)]
+    sequence_kinds: list = []
+    sequence_kinds.append(Mutator(2, sequence_kinds, context_names, sequence_names, records))
+    got = speedups.parse_sequence_examples(records, context_names, context_kinds, sequence_names,
+                                           sequence_kinds)
+    # every argument was copied before the first __index__ ran: the result is the reference's
+    assert all(_same_arrays(g, e) for g, e in zip(got, expected))
+    assert got[1].tolist() == [[1], [1]] and got[3].tolist() == [[2], [2]]
 
 
 def test_parse_recordio_protobuf_index_that_empties_names_and_records():

@@ -128,8 +128,52 @@ static int skip_value(const unsigned char *b, uint64_t tag, Py_ssize_t *pos, Py_
     }
 }
 
+/* Bytes [start, stop) of the record being parsed. */
+typedef struct {
+    Py_ssize_t start, stop;
+} span;
+
+/* A bit per field number (below 32): the length-delimited fields a walker wants. */
+#define FIELD_BIT(n) (1u << (n))
+
+/* Whether ``tag`` is that of a length-delimited field whose number is in ``wanted``. The usual
+ * sets are plain compares (the walkers' sets are constants once inlined: the hot loops keep
+ * the cost of comparing tags directly). */
+static inline int field_wanted(uint64_t tag, uint32_t wanted)
+{
+    if (wanted == FIELD_BIT(1))
+        return tag == 0x0A;
+    if (wanted == (FIELD_BIT(1) | FIELD_BIT(2)))
+        return tag == 0x0A || tag == 0x12;
+    /* wire type 2 and a field number below 32 (one test), then is that field wanted */
+    return (tag & ~(uint64_t)0xF8) == 2 && (wanted & FIELD_BIT(tag >> 3));
+}
+
+/* The next length-delimited field of b[*pos:end] whose number is in ``wanted``, every other field
+ * skipped: 1 with its number and the span of its bytes (*pos just after them), 0 at the end of
+ * the message, -1 if malformed. */
+static inline int next_field(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end,
+                             uint32_t wanted, uint64_t *field, span *value, wire_err *err)
+{
+    while (*pos < end) {
+        uint64_t tag;
+        if (rd_tag(b, pos, end, &tag, err) < 0)
+            return -1;
+        if (field_wanted(tag, wanted)) {
+            if (rd_len(b, *pos, end, &value->start, &value->stop, err) < 0)
+                return -1;
+            *pos = value->stop;
+            *field = tag >> 3;
+            return 1;
+        }
+        if (skip_value(b, tag, pos, end, 0, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
- * Batch parsing helpers: record buffers, growable arrays, numpy outputs
+ * Batch parsing helpers: record buffers, growable arrays, feature keys, numpy outputs
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -219,6 +263,20 @@ static inline void prefetch_record(const record_set *rs, Py_ssize_t i)
 #endif
 }
 
+/* Growable arrays, filled without the GIL: a failed push returns -1 and the caller sets
+ * MemoryError once it holds the GIL again. vec_grow gives the storage with room for one more
+ * item (the same block or a larger one, ``first`` items at first), or NULL when out of memory
+ * or when the byte size would overflow; the old block is kept on failure. */
+static void *vec_grow(void *items, Py_ssize_t *cap, size_t size, Py_ssize_t first)
+{
+    Py_ssize_t grown = grown_capacity(*cap, size, first);
+    void *p = grown < 0 ? NULL : PyMem_RawRealloc(items, (size_t)grown * size);
+    if (p != NULL)
+        *cap = grown;
+    return p;
+}
+
+/* A piece of record ``rec``: bytes [start, start + len) of it. */
 typedef struct {
     Py_ssize_t rec, start, len;
 } piece;
@@ -231,12 +289,10 @@ typedef struct {
 static int pv_push(piece_vec *v, Py_ssize_t rec, Py_ssize_t start, Py_ssize_t len)
 {
     if (v->n == v->cap) {
-        Py_ssize_t cap = grown_capacity(v->cap, sizeof(piece), 64);
-        piece *items = cap < 0 ? NULL : PyMem_RawRealloc(v->items, (size_t)cap * sizeof(piece));
+        piece *items = vec_grow(v->items, &v->cap, sizeof(piece), 64);
         if (items == NULL)
-            return -1; /* the caller sets MemoryError once it holds the GIL again */
+            return -1;
         v->items = items;
-        v->cap = cap;
     }
     v->items[v->n].rec = rec;
     v->items[v->n].start = start;
@@ -246,10 +302,6 @@ static int pv_push(piece_vec *v, Py_ssize_t rec, Py_ssize_t start, Py_ssize_t le
 }
 
 typedef struct {
-    Py_ssize_t start, stop;
-} span;
-
-typedef struct {
     span *items;
     Py_ssize_t n, cap;
 } span_vec;
@@ -257,12 +309,10 @@ typedef struct {
 static int sv_push(span_vec *v, Py_ssize_t start, Py_ssize_t stop)
 {
     if (v->n == v->cap) {
-        Py_ssize_t cap = grown_capacity(v->cap, sizeof(span), 32);
-        span *items = cap < 0 ? NULL : PyMem_RawRealloc(v->items, (size_t)cap * sizeof(span));
+        span *items = vec_grow(v->items, &v->cap, sizeof(span), 32);
         if (items == NULL)
-            return -1; /* the caller sets MemoryError once it holds the GIL again */
+            return -1;
         v->items = items;
-        v->cap = cap;
     }
     v->items[v->n].start = start;
     v->items[v->n].stop = stop;
@@ -270,47 +320,21 @@ static int sv_push(span_vec *v, Py_ssize_t start, Py_ssize_t stop)
     return 0;
 }
 
-/* An int64 array of shape (rows, cols) holding ``values``. */
-static PyObject *int64_matrix(const int64_t *values, Py_ssize_t rows, Py_ssize_t cols)
-{
-    char *data;
-    Py_ssize_t cells, nbytes;
-    if (checked_mul(rows, cols, &cells) < 0 || checked_mul(cells, 8, &nbytes) < 0)
-        return NULL;
-    PyObject *ba = new_storage(nbytes, &data);
-    if (ba == NULL)
-        return NULL;
-    if (nbytes > 0)
-        memcpy(data, values, (size_t)nbytes);
-    PyObject *flat = array_from(ba, "=i8");
-    Py_DECREF(ba);
-    if (flat == NULL)
-        return NULL;
-    PyObject *out = PyObject_CallMethod(flat, "reshape", "nn", rows, cols);
-    Py_DECREF(flat);
-    return out;
-}
+typedef struct {
+    int64_t *items;
+    Py_ssize_t n, cap;
+} i64_vec;
 
-/* Raise streamio.decoders._wire.WireError(message, index, field). */
-static void raise_wire_error(const char *message, Py_ssize_t index, PyObject *field)
+static int iv_push(i64_vec *v, int64_t x)
 {
-    PyObject *mod = PyImport_ImportModule("streamio.decoders._wire");
-    if (mod == NULL)
-        return;
-    PyObject *cls = PyObject_GetAttrString(mod, "WireError");
-    Py_DECREF(mod);
-    if (cls == NULL)
-        return;
-    PyObject *exc;
-    if (index < 0)
-        exc = PyObject_CallFunction(cls, "sOO", message, Py_None, field ? field : Py_None);
-    else
-        exc = PyObject_CallFunction(cls, "snO", message, index, field ? field : Py_None);
-    if (exc != NULL) {
-        PyErr_SetObject(cls, exc);
-        Py_DECREF(exc);
+    if (v->n == v->cap) {
+        int64_t *items = vec_grow(v->items, &v->cap, sizeof(int64_t), 64);
+        if (items == NULL)
+            return -1;
+        v->items = items;
     }
-    Py_DECREF(cls);
+    v->items[v->n++] = x;
+    return 0;
 }
 
 /* Feature keys: names[j] -> j, the last of equal names winning (as a dict built in order). */
@@ -340,7 +364,34 @@ static void names_release(name_index *ix)
     memset(ix, 0, sizeof(*ix));
 }
 
-/* ``keys`` is a sequence of bytes objects, kept alive by the caller. */
+/* Fill the hash table of names (more than 8 of them); 0 or -1 with an exception set. */
+static int names_hash(name_index *ix)
+{
+    Py_ssize_t size = 16;
+    while (size < 2 * ix->n)
+        size *= 2;
+    ix->table = alloc_items(size, sizeof(Py_ssize_t));
+    if (ix->table == NULL)
+        return -1;
+    ix->mask = size - 1;
+    for (Py_ssize_t k = 0; k < size; k++)
+        ix->table[k] = -1;
+    for (Py_ssize_t j = 0; j < ix->n; j++) {
+        Py_ssize_t slot = (Py_ssize_t)(hash_bytes((const unsigned char *)ix->ptr[j], ix->len[j]) & ix->mask);
+        for (;;) {
+            Py_ssize_t at = ix->table[slot];
+            if (at < 0 || (ix->len[at] == ix->len[j] && memcmp(ix->ptr[at], ix->ptr[j], ix->len[j]) == 0)) {
+                ix->table[slot] = j; /* a later equal name replaces the earlier */
+                break;
+            }
+            slot = (slot + 1) & ix->mask;
+        }
+    }
+    return 0;
+}
+
+/* ``keys`` is a sequence of bytes objects, kept alive by the caller. 0, or -1 with an exception
+ * set and nothing to release. */
 static int names_build(name_index *ix, PyObject **keys, Py_ssize_t n)
 {
     memset(ix, 0, sizeof(*ix));
@@ -361,34 +412,14 @@ static int names_build(name_index *ix, PyObject **keys, Py_ssize_t n)
         ix->ptr[j] = PyBytes_AS_STRING(keys[j]);
         ix->len[j] = PyBytes_GET_SIZE(keys[j]);
     }
-    if (n > 8) {
-        Py_ssize_t size = 16;
-        while (size < 2 * n)
-            size *= 2;
-        ix->table = alloc_items(size, sizeof(Py_ssize_t));
-        if (ix->table == NULL) {
-            names_release(ix);
-            return -1;
-        }
-        ix->mask = size - 1;
-        for (Py_ssize_t k = 0; k < size; k++)
-            ix->table[k] = -1;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            Py_ssize_t slot = (Py_ssize_t)(hash_bytes((const unsigned char *)ix->ptr[j], ix->len[j]) & ix->mask);
-            for (;;) {
-                Py_ssize_t at = ix->table[slot];
-                if (at < 0 || (ix->len[at] == ix->len[j] && memcmp(ix->ptr[at], ix->ptr[j], ix->len[j]) == 0)) {
-                    ix->table[slot] = j; /* a later equal name replaces the earlier */
-                    break;
-                }
-                slot = (slot + 1) & ix->mask;
-            }
-        }
+    if (n > 8 && names_hash(ix) < 0) {
+        names_release(ix);
+        return -1;
     }
     return 0;
 }
 
-static Py_ssize_t names_find_local(const name_index *ix, const unsigned char *key, Py_ssize_t len)
+static inline Py_ssize_t names_find_local(const name_index *ix, const unsigned char *key, Py_ssize_t len)
 {
     if (ix->table == NULL) {
         for (Py_ssize_t j = ix->n - 1; j >= 0; j--)
@@ -415,31 +446,23 @@ static inline Py_ssize_t names_find(const name_index *ix, const unsigned char *k
 
 /* One map<string, Message> entry {key = 1; value = 2} at b[pos:end]: the key (last wins, empty
  * by default) and the spans of every value occurrence (appended to ``values``). */
-static int map_entry(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t *key_start,
+static inline int map_entry(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t *key_start,
                      Py_ssize_t *key_len, span_vec *values, wire_err *err)
 {
+    uint64_t field;
+    span v;
+    int rc;
     *key_start = 0;
     *key_len = 0;
-    while (pos < end) {
-        uint64_t tag;
-        Py_ssize_t start, stop;
-        if (rd_tag(b, &pos, end, &tag, err) < 0)
-            return -1;
-        if (tag == 0x0A || tag == 0x12) {
-            if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                return -1;
-            pos = stop;
-            if (tag == 0x0A) {
-                *key_start = start;
-                *key_len = stop - start;
-            } else if (sv_push(values, start, stop) < 0) {
-                return -2; /* out of memory: the caller raises MemoryError with the GIL */
-            }
-        } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
-            return -1;
+    while ((rc = next_field(b, &pos, end, FIELD_BIT(1) | FIELD_BIT(2), &field, &v, err)) > 0) {
+        if (field == 1) {
+            *key_start = v.start;
+            *key_len = v.stop - v.start;
+        } else if (sv_push(values, v.start, v.stop) < 0) {
+            return -2; /* out of memory: the caller raises MemoryError with the GIL */
         }
     }
-    return 0;
+    return rc;
 }
 
 /* Per-record bookkeeping of which wanted keys were found: the spans of the last entry for each,
@@ -486,32 +509,26 @@ static void found_release(found_set *f)
 }
 
 /* Walk map entries in ``spans`` (tag 1 of a Features-like message, or both maps of a Record when
- * ``two_maps``): found[j] = value spans of the last entry whose key is names[j]. */
+ * ``ix2`` is given) of record ``stamp`` - 1: ``f`` is emptied, then found[j] = the value spans of
+ * the last entry whose key is names[j]. */
 static int collect_entries(const unsigned char *b, const span *spans, Py_ssize_t nspans,
                            const name_index *ix, const name_index *ix2, found_set *f,
                            Py_ssize_t stamp, wire_err *err)
 {
+    uint32_t wanted = FIELD_BIT(1) | (ix2 != NULL ? FIELD_BIT(2) : 0);
+    f->pool.n = 0;
+    f->norder = 0;
     for (Py_ssize_t s = 0; s < nspans; s++) {
         Py_ssize_t pos = spans[s].start, end = spans[s].stop;
-        while (pos < end) {
-            uint64_t tag;
-            Py_ssize_t start, stop, key_start, key_len;
-            if (rd_tag(b, &pos, end, &tag, err) < 0)
-                return -1;
-            const name_index *lookup = tag == 0x0A ? ix : (tag == 0x12 ? ix2 : NULL);
-            if (lookup == NULL) {
-                if (skip_value(b, tag, &pos, end, 0, err) < 0)
-                    return -1;
-                continue;
-            }
-            if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                return -1;
-            pos = stop;
-            Py_ssize_t first = f->pool.n;
-            int rc = map_entry(b, start, stop, &key_start, &key_len, &f->pool, err);
+        uint64_t field;
+        span entry;
+        int rc;
+        while ((rc = next_field(b, &pos, end, wanted, &field, &entry, err)) > 0) {
+            Py_ssize_t first = f->pool.n, key_start, key_len;
+            rc = map_entry(b, entry.start, entry.stop, &key_start, &key_len, &f->pool, err);
             if (rc < 0)
                 return rc;
-            Py_ssize_t j = names_find(lookup, b + key_start, key_len);
+            Py_ssize_t j = names_find(field == 1 ? ix : ix2, b + key_start, key_len);
             if (j < 0)
                 continue;
             if (f->stamp[j] != stamp) {
@@ -521,6 +538,35 @@ static int collect_entries(const unsigned char *b, const span *spans, Py_ssize_t
             f->first[j] = first;
             f->count[j] = f->pool.n - first;
         }
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* The member of a oneof set last in a message (its spans merged), among the length-delimited
+ * fields in ``members``: *kind is its field number (0: none set) and ``values`` the spans of its
+ * occurrences (switching members discards the earlier ones, as protobuf merging does). */
+static int oneof_last(const unsigned char *b, const span *spans, Py_ssize_t nspans,
+                      uint32_t members, int *kind, span_vec *values, wire_err *err)
+{
+    *kind = 0;
+    values->n = 0;
+    for (Py_ssize_t s = 0; s < nspans; s++) {
+        Py_ssize_t pos = spans[s].start, end = spans[s].stop;
+        uint64_t field;
+        span v;
+        int rc;
+        while ((rc = next_field(b, &pos, end, members, &field, &v, err)) > 0) {
+            if ((int)field != *kind) {
+                *kind = (int)field;
+                values->n = 0;
+            }
+            if (sv_push(values, v.start, v.stop) < 0)
+                return -2;
+        }
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -554,6 +600,18 @@ static Py_ssize_t piece_varint_count(const unsigned char *p, Py_ssize_t n)
     return c;
 }
 
+static inline const unsigned char *piece_bytes(const record_set *rs, const piece *pc)
+{
+    return rs->data[pc->rec] + pc->start;
+}
+
+/* Whether a piece does not decode as packed varints on its own. */
+static int piece_is_bad(const record_set *rs, const piece *pc)
+{
+    const unsigned char *p = piece_bytes(rs, pc);
+    return piece_ends_inside(p, pc->len) || piece_has_long_varint(p, pc->len);
+}
+
 /* Validate varint pieces like decode_packed_varints (over the concatenation, then piece by
  * piece to name the owner). Returns 0 if valid; else -1 with the message and the first bad
  * piece's record in *owner (-1 if none). */
@@ -561,23 +619,16 @@ static int check_varint_pieces(const record_set *rs, const piece_vec *v, const c
                                Py_ssize_t *owner)
 {
     int inside = 0, longer = 0;
-    for (Py_ssize_t k = 0; k < v->n; k++) {
-        const unsigned char *p = rs->data[v->items[k].rec] + v->items[k].start;
-        inside |= piece_ends_inside(p, v->items[k].len);
-    }
-    if (!inside) {
-        for (Py_ssize_t k = 0; k < v->n && !longer; k++) {
-            const unsigned char *p = rs->data[v->items[k].rec] + v->items[k].start;
-            longer = piece_has_long_varint(p, v->items[k].len);
-        }
-    }
+    for (Py_ssize_t k = 0; k < v->n; k++)
+        inside |= piece_ends_inside(piece_bytes(rs, &v->items[k]), v->items[k].len);
+    for (Py_ssize_t k = 0; !inside && k < v->n && !longer; k++)
+        longer = piece_has_long_varint(piece_bytes(rs, &v->items[k]), v->items[k].len);
     if (!inside && !longer)
         return 0;
     *message = inside ? "packed varints end inside a varint" : "varint longer than 10 bytes";
     *owner = -1;
     for (Py_ssize_t k = 0; k < v->n; k++) {
-        const unsigned char *p = rs->data[v->items[k].rec] + v->items[k].start;
-        if (piece_ends_inside(p, v->items[k].len) || piece_has_long_varint(p, v->items[k].len)) {
+        if (piece_is_bad(rs, &v->items[k])) {
             *owner = v->items[k].rec;
             break;
         }
@@ -590,7 +641,7 @@ static Py_ssize_t decode_varint_pieces(const record_set *rs, const piece_vec *v,
 {
     Py_ssize_t m = 0;
     for (Py_ssize_t k = 0; k < v->n; k++) {
-        const unsigned char *p = rs->data[v->items[k].rec] + v->items[k].start;
+        const unsigned char *p = piece_bytes(rs, &v->items[k]);
         Py_ssize_t n = v->items[k].len, q = 0;
         while (q < n) {
             unsigned char byte = p[q++];
@@ -627,7 +678,7 @@ static Py_ssize_t varint_total(const record_set *rs, const piece_vec *v)
 {
     Py_ssize_t total = 0;
     for (Py_ssize_t k = 0; k < v->n; k++)
-        total += piece_varint_count(rs->data[v->items[k].rec] + v->items[k].start, v->items[k].len);
+        total += piece_varint_count(piece_bytes(rs, &v->items[k]), v->items[k].len);
     return total;
 }
 
@@ -642,7 +693,7 @@ static PyObject *fixed_values(const record_set *rs, const piece_vec *v, int widt
     if (ba == NULL)
         return NULL;
     for (Py_ssize_t k = 0; k < v->n; k++) {
-        memcpy(data, rs->data[v->items[k].rec] + v->items[k].start, v->items[k].len);
+        memcpy(data, piece_bytes(rs, &v->items[k]), v->items[k].len);
         data += v->items[k].len;
     }
     (void)width;
@@ -664,8 +715,8 @@ static PyObject *bytes_values(const record_set *rs, const piece_vec *v)
     if (list == NULL)
         return NULL;
     for (Py_ssize_t k = 0; k < v->n; k++) {
-        PyObject *item = PyBytes_FromStringAndSize(
-            (const char *)rs->data[v->items[k].rec] + v->items[k].start, v->items[k].len);
+        PyObject *item = PyBytes_FromStringAndSize((const char *)piece_bytes(rs, &v->items[k]),
+                                                   v->items[k].len);
         if (item == NULL) {
             Py_DECREF(list);
             return NULL;
@@ -696,51 +747,223 @@ static PyObject *varint_values(const record_set *rs, const piece_vec *v, const c
     return arr;
 }
 
+/* An int64 array of the n values at ``items`` (NULL allowed when n is 0). */
+static PyObject *int64_array(const int64_t *items, Py_ssize_t n)
+{
+    char *data;
+    Py_ssize_t nbytes;
+    if (checked_mul(n, 8, &nbytes) < 0)
+        return NULL;
+    PyObject *ba = new_storage(nbytes, &data);
+    if (ba == NULL)
+        return NULL;
+    if (nbytes > 0)
+        memcpy(data, items, (size_t)nbytes);
+    PyObject *arr = array_from(ba, "=i8");
+    Py_DECREF(ba);
+    return arr;
+}
+
+/* An int64 array of shape (rows, cols) holding ``values``. */
+static PyObject *int64_matrix(const int64_t *values, Py_ssize_t rows, Py_ssize_t cols)
+{
+    Py_ssize_t cells;
+    if (checked_mul(rows, cols, &cells) < 0)
+        return NULL;
+    PyObject *flat = int64_array(values, cells);
+    if (flat == NULL)
+        return NULL;
+    PyObject *out = PyObject_CallMethod(flat, "reshape", "nn", rows, cols);
+    Py_DECREF(flat);
+    return out;
+}
+
+/* A (rows, cols) table of counts, every cell ``fill``; NULL with an exception set. */
+static int64_t *counts_new(Py_ssize_t rows, Py_ssize_t cols, int64_t fill)
+{
+    Py_ssize_t cells;
+    if (checked_mul(rows, cols, &cells) < 0)
+        return NULL;
+    int64_t *counts = alloc_items(cells, sizeof(int64_t));
+    for (Py_ssize_t k = 0; counts != NULL && k < cells; k++)
+        counts[k] = fill;
+    return counts;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * What every kernel does around its record walk: take the arguments, walk the records (without
+ * the GIL for a large batch), raise the first failure as a WireError naming record and feature
+ * ------------------------------------------------------------------------------------------- */
+
+/* A kernel's arguments: the records and one or two (names, kinds) pairs (a SequenceExample has a
+ * context pair and a feature-list pair), all as tuples of our own. They are taken before any item
+ * is converted: converting a kind or a section (__index__) may run Python code that changes or
+ * empties the caller's lists, and the record walk may run without the GIL. */
+typedef struct {
+    record_set rs;
+    int have_rs;
+    PyObject *names[2], *kinds[2]; /* tuples, ours */
+} kernel_args;
+
+static void kernel_args_release(kernel_args *ka)
+{
+    for (int h = 0; h < 2; h++) {
+        Py_XDECREF(ka->names[h]);
+        Py_XDECREF(ka->kinds[h]);
+    }
+    if (ka->have_rs)
+        records_release(&ka->rs);
+    memset(ka, 0, sizeof(*ka));
+}
+
+/* 0, or -1 with an exception set; release ``ka`` either way. */
+static int kernel_args_take(kernel_args *ka, PyObject *records, PyObject *const names[],
+                            PyObject *const kinds[], int npairs)
+{
+    memset(ka, 0, sizeof(*ka));
+    for (int h = 0; h < npairs; h++) {
+        if ((ka->names[h] = PySequence_Tuple(names[h])) == NULL
+            || (ka->kinds[h] = PySequence_Tuple(kinds[h])) == NULL)
+            return -1;
+    }
+    for (int h = 0; h < npairs; h++) {
+        if (PyTuple_GET_SIZE(ka->kinds[h]) != PyTuple_GET_SIZE(ka->names[h])) {
+            PyErr_SetString(PyExc_ValueError, "names and kinds must have the same length");
+            return -1;
+        }
+    }
+    if (records_acquire(records, &ka->rs) < 0)
+        return -1;
+    ka->have_rs = 1;
+    return 0;
+}
+
+/* Item j of a kinds tuple, which must be one of the kinds in ``allowed`` (a bit per kind, named
+ * by ``allowed_text`` in the error); 0, or -1 with an exception set. May run Python code. */
+static int kind_at(PyObject *kinds, Py_ssize_t j, uint32_t allowed, const char *allowed_text,
+                   int *kind)
+{
+    long k = PyLong_AsLong(PyTuple_GET_ITEM(kinds, j));
+    if (k == -1 && PyErr_Occurred())
+        return -1;
+    if (k < 0 || k >= 32 || !(allowed & FIELD_BIT(k))) {
+        PyErr_Format(PyExc_ValueError, "kinds must be %s, not %ld", allowed_text, k);
+        return -1;
+    }
+    *kind = (int)k;
+    return 0;
+}
+
+/* Where a record walk stopped: rc -1 for malformed protobuf (the reason in ``err``), -2 for out
+ * of memory; the record, and the feature the error names (-1: none) in names tuple ``pair``. */
+typedef struct {
+    int rc;
+    Py_ssize_t index, field;
+    int pair;
+    wire_err err;
+} walk_fault;
+
+/* Parse record i into the kernel's state: 0, or -1 / -2 with ``fault``'s field, pair and err
+ * set. Runs without the GIL: no Python API. */
+typedef int (*record_parser)(void *state, Py_ssize_t i, walk_fault *fault);
+
+/* Parse every record in order, stopping at the first failure (0, or its rc). The loop is pure C
+ * over buffers the kernel holds references to, so a large batch is walked without the GIL. */
+static int walk_records(const record_set *rs, record_parser parse, void *state, walk_fault *fault)
+{
+    Py_ssize_t nrec = rs->n;
+    PyThreadState *tstate = nrec >= GIL_RELEASE_MIN_RECORDS ? PyEval_SaveThread() : NULL;
+    fault->rc = 0;
+    fault->index = -1;
+    for (Py_ssize_t i = 0; i < nrec; i++) {
+        if (i + PREFETCH_AHEAD < nrec)
+            prefetch_record(rs, i + PREFETCH_AHEAD);
+        fault->field = -1;
+        fault->pair = 0;
+        if ((fault->rc = parse(state, i, fault)) < 0) {
+            fault->index = i;
+            break;
+        }
+    }
+    if (tstate != NULL)
+        PyEval_RestoreThread(tstate);
+    return fault->rc;
+}
+
+/* Raise streamio.decoders._wire.WireError(message, index, field); index -1 is None. */
+static void raise_wire_error(const char *message, Py_ssize_t index, PyObject *field)
+{
+    PyObject *mod = PyImport_ImportModule("streamio.decoders._wire");
+    if (mod == NULL)
+        return;
+    PyObject *cls = PyObject_GetAttrString(mod, "WireError");
+    Py_DECREF(mod);
+    if (cls == NULL)
+        return;
+    PyObject *exc;
+    if (index < 0)
+        exc = PyObject_CallFunction(cls, "sOO", message, Py_None, field ? field : Py_None);
+    else
+        exc = PyObject_CallFunction(cls, "snO", message, index, field ? field : Py_None);
+    if (exc != NULL) {
+        PyErr_SetObject(cls, exc);
+        Py_DECREF(exc);
+    }
+    Py_DECREF(cls);
+}
+
+/* The name a WireError gives feature j of a kernel's names tuple; NULL with an exception set. */
+typedef PyObject *(*field_namer)(PyObject *names, Py_ssize_t j);
+
+/* Raise WireError(message, index, field name of names[j]); no field when j is -1. */
+static void raise_field_error(const char *message, Py_ssize_t index, PyObject *names,
+                              Py_ssize_t j, field_namer namer)
+{
+    PyObject *field = j >= 0 ? namer(names, j) : NULL;
+    if (j < 0 || field != NULL)
+        raise_wire_error(message, index, field);
+    Py_XDECREF(field);
+}
+
+/* Raise the failure that stopped walk_records; always NULL. */
+static PyObject *raise_walk_fault(const walk_fault *f, const kernel_args *ka, field_namer namer)
+{
+    if (f->rc == -2)
+        return PyErr_NoMemory();
+    raise_field_error(f->err.msg, f->index, ka->names[f->pair], f->field, namer);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * parse_examples: tf.train.Example records -> flat values per feature + counts
+ * parse_sequence_examples: tf.train.SequenceExample records -> context values + counts, and for
+ * each feature list the flat values of all steps, the steps per record and the values per step
  *
  * Example { Features features = 1; }  Features { map<string, Feature> feature = 1; }
  * Feature { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
  *                        Int64List int64_list = 3; } }
  * BytesList/FloatList/Int64List { repeated ... value = 1 (packed for numbers); }
- * Same results and errors as streamio.decoders.example.parse_examples (the reference).
+ * SequenceExample { Features context = 1; FeatureLists feature_lists = 2; }
+ * FeatureLists { map<string, FeatureList> feature_list = 1; }
+ * FeatureList { repeated Feature feature = 1; }   (one Feature per step)
+ *
+ * An Example reads as a SequenceExample without feature lists (its features in field 1, as the
+ * context is), so one walk serves both kernels. Same results and errors as
+ * streamio.decoders.example.parse_examples / parse_sequence_examples (the references).
  * ------------------------------------------------------------------------------------------- */
 
 #define KIND_BYTES 1
 #define KIND_FLOAT 2
 #define KIND_INT64 3
+#define FEATURE_KINDS (FIELD_BIT(KIND_BYTES) | FIELD_BIT(KIND_FLOAT) | FIELD_BIT(KIND_INT64))
 static const char *const example_kind_names[] = {"no value list", "bytes_list", "float_list",
                                                  "int64_list"};
 
-/* The oneof kind set last in a Feature (spans merged) and the spans of its value list. */
-static int feature_kind(const unsigned char *b, const span *spans, Py_ssize_t nspans, int *kind,
-                        span_vec *lists, wire_err *err)
+static int kind_mismatch(int kind, int want, wire_err *err)
 {
-    *kind = 0;
-    lists->n = 0;
-    for (Py_ssize_t s = 0; s < nspans; s++) {
-        Py_ssize_t pos = spans[s].start, end = spans[s].stop;
-        while (pos < end) {
-            uint64_t tag;
-            Py_ssize_t start, stop;
-            if (rd_tag(b, &pos, end, &tag, err) < 0)
-                return -1;
-            if (tag == 0x0A || tag == 0x12 || tag == 0x1A) {
-                if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                    return -1;
-                pos = stop;
-                if ((int)(tag >> 3) != *kind) { /* switching the oneof discards the earlier list */
-                    *kind = (int)(tag >> 3);
-                    lists->n = 0;
-                }
-                if (sv_push(lists, start, stop) < 0)
-                    return -2;
-            } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
-                return -1;
-            }
-        }
-    }
-    return 0;
+    snprintf(err->msg, sizeof(err->msg), "feature holds a %s, expected a %s",
+             example_kind_names[kind], example_kind_names[want]);
+    return -1;
 }
 
 /* The value bytes of a BytesList / FloatList / Int64List, appended to ``out`` for record i;
@@ -789,395 +1012,128 @@ static int list_values(const unsigned char *b, int kind, const span_vec *lists, 
     return 0;
 }
 
-PyDoc_STRVAR(parse_examples_doc,
-"parse_examples(records, names, kinds) -> (values, counts)\n\n"
-"Parse serialized tf.train.Example records; same results and errors as\n"
-"streamio.decoders.example.parse_examples (the reference).");
-
-static PyObject *field_name(PyObject *name)
-{
-    return PyUnicode_DecodeUTF8(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), "replace");
-}
-
-static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwargs)
-{
-    static char *kwlist[] = {"records", "names", "kinds", NULL};
-    PyObject *records, *names_obj, *kinds_obj;
-    PyObject *names_seq = NULL, *kinds_seq = NULL, *values = NULL, *result = NULL;
-    record_set rs;
-    name_index ix;
-    found_set found;
-    span_vec top = {0}, lists = {0};
-    piece_vec *pieces = NULL;
-    int *kinds = NULL;
-    int64_t *counts = NULL;
-    wire_err err;
-    Py_ssize_t nf = 0, nrec, bad_i = -1, bad_j = -1;
-    int have_rs = 0, have_ix = 0, have_found = 0, release = 0, bad_rc = 0;
-    PyThreadState *tstate = NULL;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:parse_examples", kwlist, &records,
-                                     &names_obj, &kinds_obj))
-        return NULL;
-    /* Tuples of our own: converting a kind may run Python code (__index__) that changes the
-     * caller's lists; what we read must stay alive regardless. */
-    names_seq = PySequence_Tuple(names_obj);
-    if (names_seq == NULL)
-        goto done;
-    kinds_seq = PySequence_Tuple(kinds_obj);
-    if (kinds_seq == NULL)
-        goto done;
-    nf = PyTuple_GET_SIZE(names_seq);
-    if (PyTuple_GET_SIZE(kinds_seq) != nf) {
-        PyErr_SetString(PyExc_ValueError, "names and kinds must have the same length");
-        goto done;
-    }
-    /* The records too, before any conversion below can run Python code. */
-    if (records_acquire(records, &rs) < 0)
-        goto done;
-    have_rs = 1;
-    kinds = alloc_items(nf, sizeof(int));
-    pieces = kinds ? PyMem_Calloc(nf ? nf : 1, sizeof(piece_vec)) : NULL;
-    if (pieces == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t j = 0; j < nf; j++) {
-        long k = PyLong_AsLong(PyTuple_GET_ITEM(kinds_seq, j));
-        if (k == -1 && PyErr_Occurred())
-            goto done;
-        if (k < KIND_BYTES || k > KIND_INT64) {
-            PyErr_Format(PyExc_ValueError, "kinds must be 1 (bytes), 2 (float) or 3 (int64), not %ld", k);
-            goto done;
-        }
-        kinds[j] = (int)k;
-    }
-    if (names_build(&ix, &PyTuple_GET_ITEM(names_seq, 0), nf) < 0)
-        goto done;
-    have_ix = 1;
-    if (found_init(&found, nf) < 0)
-        goto done;
-    have_found = 1;
-    nrec = rs.n;
-    Py_ssize_t ncounts;
-    if (checked_mul(nrec, nf, &ncounts) < 0)
-        goto done;
-    counts = alloc_items(ncounts, sizeof(int64_t));
-    if (counts == NULL)
-        goto done;
-    for (Py_ssize_t k = 0; k < ncounts; k++)
-        counts[k] = -1;
-
-    /* Everything is ours from here on (records and names held by tuples): no Python code. */
-    release = nrec >= GIL_RELEASE_MIN_RECORDS;
-    if (release)
-        tstate = PyEval_SaveThread();
-    /* No Python API in this loop (it may run without the GIL): a failure stops it with
-     * (bad_rc, bad_i, bad_j), and the error is raised below, with the GIL held again. */
-    for (Py_ssize_t i = 0; i < nrec; i++) {
-        const unsigned char *b = rs.data[i];
-        Py_ssize_t end = rs.len[i], pos = 0, j = -1;
-        if (i + PREFETCH_AHEAD < nrec)
-            prefetch_record(&rs, i + PREFETCH_AHEAD);
-        int rc = 0;
-        top.n = 0;
-        found.pool.n = 0;
-        found.norder = 0;
-        /* Top level: the spans of every Example.features (field 1) occurrence, merged. */
-        while (pos < end) {
-            uint64_t tag;
-            Py_ssize_t start, stop;
-            if ((rc = rd_tag(b, &pos, end, &tag, &err)) < 0)
-                break;
-            if (tag == 0x0A) {
-                if ((rc = rd_len(b, pos, end, &start, &stop, &err)) < 0)
-                    break;
-                pos = stop;
-                if (sv_push(&top, start, stop) < 0) {
-                    rc = -2;
-                    break;
-                }
-            } else if ((rc = skip_value(b, tag, &pos, end, 0, &err)) < 0) {
-                break;
-            }
-        }
-        if (rc == 0)
-            rc = collect_entries(b, top.items, top.n, &ix, NULL, &found, i + 1, &err);
-        for (Py_ssize_t o = 0; rc == 0 && o < found.norder; o++) {
-            int kind;
-            j = found.order[o];
-            rc = feature_kind(b, found_spans(&found, j), found.count[j], &kind, &lists, &err);
-            if (rc < 0 || kind == 0) /* an empty Feature is a missing one */
-                continue;
-            if (kind != kinds[j]) {
-                snprintf(err.msg, sizeof(err.msg), "feature holds a %s, expected a %s",
-                         example_kind_names[kind], example_kind_names[kinds[j]]);
-                rc = -1;
-                break;
-            }
-            int64_t count = 0;
-            rc = list_values(b, kind, &lists, i, &pieces[j], &count, &err);
-            counts[i * nf + j] = count;
-        }
-        if (rc < 0) {
-            bad_rc = rc;
-            bad_i = i;
-            bad_j = j;
-            break;
-        }
-    }
-    if (tstate != NULL) {
-        PyEval_RestoreThread(tstate);
-        tstate = NULL;
-    }
-    if (bad_rc == -2) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (bad_rc < 0) {
-        PyObject *field = bad_j >= 0 ? field_name(PyTuple_GET_ITEM(names_seq, bad_j)) : NULL;
-        if (bad_j < 0 || field != NULL)
-            raise_wire_error(err.msg, bad_i, field);
-        Py_XDECREF(field);
-        goto done;
-    }
-
-    values = PyList_New(nf);
-    if (values == NULL)
-        goto done;
-    for (Py_ssize_t j = 0; j < nf; j++) {
-        PyObject *flat;
-        if (kinds[j] == KIND_FLOAT) {
-            flat = fixed_values(&rs, &pieces[j], 4, "<f4");
-        } else if (kinds[j] == KIND_INT64) {
-            const char *message;
-            Py_ssize_t owner;
-            if (check_varint_pieces(&rs, &pieces[j], &message, &owner) < 0) {
-                PyObject *field = field_name(PyTuple_GET_ITEM(names_seq, j));
-                if (field != NULL)
-                    raise_wire_error(message, owner, field);
-                Py_XDECREF(field);
-                goto done;
-            }
-            flat = varint_values(&rs, &pieces[j], "=i8", -1);
-        } else {
-            flat = bytes_values(&rs, &pieces[j]);
-        }
-        if (flat == NULL)
-            goto done;
-        PyList_SET_ITEM(values, j, flat);
-    }
-    {
-        PyObject *matrix = int64_matrix(counts, nrec, nf);
-        if (matrix == NULL)
-            goto done;
-        result = PyTuple_Pack(2, values, matrix);
-        Py_DECREF(matrix);
-    }
-done:
-    if (pieces) {
-        for (Py_ssize_t j = 0; j < nf; j++)
-            PyMem_RawFree(pieces[j].items);
-        PyMem_Free(pieces);
-    }
-    PyMem_RawFree(top.items);
-    PyMem_RawFree(lists.items);
-    PyMem_Free(kinds);
-    PyMem_Free(counts);
-    if (have_found)
-        found_release(&found);
-    if (have_rs)
-        records_release(&rs);
-    if (have_ix)
-        names_release(&ix);
-    Py_XDECREF(values);
-    Py_XDECREF(names_seq);
-    Py_XDECREF(kinds_seq);
-    return result;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * parse_sequence_examples: tf.train.SequenceExample records -> context values + counts, and for
- * each feature list the flat values of all steps, the steps per record and the values per step
- *
- * SequenceExample { Features context = 1; FeatureLists feature_lists = 2; }
- * FeatureLists { map<string, FeatureList> feature_list = 1; }
- * FeatureList { repeated Feature feature = 1; }   (one Feature per step)
- * Same results and errors as streamio.decoders.example.parse_sequence_examples (the reference).
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct {
-    int64_t *items;
-    Py_ssize_t n, cap;
-} i64_vec;
-
-static int iv_push(i64_vec *v, int64_t x)
-{
-    if (v->n == v->cap) {
-        Py_ssize_t cap = grown_capacity(v->cap, sizeof(int64_t), 64);
-        int64_t *items = cap < 0 ? NULL : PyMem_RawRealloc(v->items, (size_t)cap * sizeof(int64_t));
-        if (items == NULL)
-            return -1; /* the caller sets MemoryError once it holds the GIL again */
-        v->items = items;
-        v->cap = cap;
-    }
-    v->items[v->n++] = x;
-    return 0;
-}
-
-/* One half of a SequenceExample: the context features or the feature lists. */
+/* The wanted features of one part of every record: an Example's features, or a SequenceExample's
+ * context or feature lists. */
 typedef struct {
     Py_ssize_t n;
-    PyObject *names; /* tuple of bytes, ours */
+    PyObject *names; /* the kernel_args tuple (borrowed) */
     int *kinds;
     name_index ix;
     found_set found;
     piece_vec *pieces; /* per feature; piece.rec is the record (for the bytes and for errors) */
     i64_vec *steps;    /* feature lists: values in each step, over the batch */
-    int64_t *counts;   /* (records, n): context values / feature-list steps; -1 absent */
+    int64_t *counts;   /* (records, n): values / feature-list steps; -1 absent */
     /* int64 features: whether the pieces need check_varint_pieces (some came from the general
      * walker, or piece_scan flagged one) and, if not, how many varints they hold */
     char *vcheck;
     Py_ssize_t *vtotal;
     int have_ix, have_found;
-} seq_half;
+} feature_set;
 
 typedef struct {
-    record_set rs;
-    int have_rs;
-    seq_half half[2]; /* 0: context, 1: feature lists */
+    kernel_args args;
+    int nparts;          /* 1: Example; 2: SequenceExample */
+    feature_set part[2]; /* 0: features (context), 1: feature lists */
     span_vec top[2], lists;
-} seq_state;
+} example_batch;
 
-static void seq_release(seq_state *st)
+static void feature_set_release(feature_set *s)
+{
+    for (Py_ssize_t j = 0; s->pieces && j < s->n; j++)
+        PyMem_RawFree(s->pieces[j].items);
+    for (Py_ssize_t j = 0; s->steps && j < s->n; j++)
+        PyMem_RawFree(s->steps[j].items);
+    PyMem_Free(s->pieces);
+    PyMem_Free(s->steps);
+    PyMem_Free(s->kinds);
+    PyMem_Free(s->counts);
+    PyMem_Free(s->vcheck);
+    PyMem_Free(s->vtotal);
+    if (s->have_ix)
+        names_release(&s->ix);
+    if (s->have_found)
+        found_release(&s->found);
+    memset(s, 0, sizeof(*s));
+}
+
+static void example_batch_release(example_batch *eb)
 {
     for (int h = 0; h < 2; h++) {
-        seq_half *s = &st->half[h];
-        for (Py_ssize_t j = 0; s->pieces && j < s->n; j++)
-            PyMem_RawFree(s->pieces[j].items);
-        for (Py_ssize_t j = 0; s->steps && j < s->n; j++)
-            PyMem_RawFree(s->steps[j].items);
-        PyMem_Free(s->pieces);
-        PyMem_Free(s->steps);
-        PyMem_Free(s->kinds);
-        PyMem_Free(s->counts);
-        PyMem_Free(s->vcheck);
-        PyMem_Free(s->vtotal);
-        if (s->have_ix)
-            names_release(&s->ix);
-        if (s->have_found)
-            found_release(&s->found);
-        Py_XDECREF(s->names);
-        PyMem_RawFree(st->top[h].items);
+        feature_set_release(&eb->part[h]);
+        PyMem_RawFree(eb->top[h].items);
     }
-    PyMem_RawFree(st->lists.items);
-    if (st->have_rs)
-        records_release(&st->rs);
+    PyMem_RawFree(eb->lists.items);
+    kernel_args_release(&eb->args);
 }
 
-/* Kinds (1 bytes, 2 float, 3 int64) from a tuple of ints; 0 or -1 with an exception set. */
-static int example_kinds(PyObject *kinds_seq, int *kinds)
+/* Set up a part from a names and a kinds tuple of kernel_args (``steps``: a feature-list part);
+ * 0, or -1 with an exception set. Converting the kinds may run Python code. */
+static int feature_set_init(feature_set *s, PyObject *names, PyObject *kinds, Py_ssize_t nrec,
+                            int steps)
 {
-    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(kinds_seq); j++) {
-        long k = PyLong_AsLong(PyTuple_GET_ITEM(kinds_seq, j));
-        if (k == -1 && PyErr_Occurred())
-            return -1;
-        if (k < KIND_BYTES || k > KIND_INT64) {
-            PyErr_Format(PyExc_ValueError, "kinds must be 1 (bytes), 2 (float) or 3 (int64), not %ld", k);
-            return -1;
-        }
-        kinds[j] = (int)k;
-    }
-    return 0;
-}
-
-/* Set up one half from the caller's names and kinds. ``kinds_seq`` is a tuple of our own; the
- * kinds are converted (which may run Python code) only after the records were acquired. */
-static int seq_half_init(seq_half *s, PyObject *kinds_seq, Py_ssize_t nrec, int steps)
-{
-    Py_ssize_t ncounts;
-    s->n = PyTuple_GET_SIZE(s->names);
-    if (PyTuple_GET_SIZE(kinds_seq) != s->n) {
-        PyErr_SetString(PyExc_ValueError, "names and kinds must have the same length");
-        return -1;
-    }
+    s->names = names;
+    s->n = PyTuple_GET_SIZE(names);
+    Py_ssize_t n1 = s->n ? s->n : 1;
     s->kinds = alloc_items(s->n, sizeof(int));
-    s->pieces = s->kinds ? PyMem_Calloc(s->n ? s->n : 1, sizeof(piece_vec)) : NULL;
-    s->steps = s->pieces && steps ? PyMem_Calloc(s->n ? s->n : 1, sizeof(i64_vec)) : NULL;
-    s->vcheck = s->pieces ? PyMem_Calloc(s->n ? s->n : 1, 1) : NULL;
-    s->vtotal = s->vcheck ? PyMem_Calloc(s->n ? s->n : 1, sizeof(Py_ssize_t)) : NULL;
+    s->pieces = s->kinds ? PyMem_Calloc(n1, sizeof(piece_vec)) : NULL;
+    s->steps = s->pieces && steps ? PyMem_Calloc(n1, sizeof(i64_vec)) : NULL;
+    s->vcheck = s->pieces ? PyMem_Calloc(n1, 1) : NULL;
+    s->vtotal = s->vcheck ? PyMem_Calloc(n1, sizeof(Py_ssize_t)) : NULL;
     if (s->vtotal == NULL || (steps && s->steps == NULL)) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         return -1;
     }
-    if (example_kinds(kinds_seq, s->kinds) < 0)
-        return -1;
-    if (names_build(&s->ix, &PyTuple_GET_ITEM(s->names, 0), s->n) < 0)
+    for (Py_ssize_t j = 0; j < s->n; j++) {
+        if (kind_at(kinds, j, FEATURE_KINDS, "1 (bytes), 2 (float) or 3 (int64)", &s->kinds[j]) < 0)
+            return -1;
+    }
+    if (names_build(&s->ix, &PyTuple_GET_ITEM(names, 0), s->n) < 0)
         return -1;
     s->have_ix = 1;
+    s->have_found = 1; /* found_init leaves it safe to release */
     if (found_init(&s->found, s->n) < 0)
         return -1;
-    s->have_found = 1;
-    if (checked_mul(nrec, s->n, &ncounts) < 0)
-        return -1;
-    s->counts = alloc_items(ncounts, sizeof(int64_t));
-    if (s->counts == NULL)
-        return -1;
-    for (Py_ssize_t k = 0; k < ncounts; k++)
-        s->counts[k] = -1;
-    return 0;
+    s->counts = counts_new(nrec, s->n, -1);
+    return s->counts == NULL ? -1 : 0;
 }
 
-/* The spans of every SequenceExample.context (field 1) and .feature_lists (field 2), merged. */
-static int seq_top_level(const unsigned char *b, Py_ssize_t end, span_vec top[2], wire_err *err)
+/* The spans of every occurrence of field 1 (and of field 2 when ntop is 2) of the message
+ * b[0:end], each field's merged: Example.features; SequenceExample.context, .feature_lists. */
+static int top_level(const unsigned char *b, Py_ssize_t end, span_vec top[], int ntop,
+                     wire_err *err)
 {
+    uint32_t wanted = FIELD_BIT(1) | (ntop == 2 ? FIELD_BIT(2) : 0);
     Py_ssize_t pos = 0;
+    uint64_t field;
+    span v;
+    int rc;
     top[0].n = top[1].n = 0;
-    while (pos < end) {
-        uint64_t tag;
-        Py_ssize_t start, stop;
-        if (rd_tag(b, &pos, end, &tag, err) < 0)
-            return -1;
-        if (tag == 0x0A || tag == 0x12) {
-            if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                return -1;
-            pos = stop;
-            if (sv_push(&top[tag == 0x12], start, stop) < 0)
-                return -2;
-        } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
-            return -1;
-        }
+    while ((rc = next_field(b, &pos, end, wanted, &field, &v, err)) > 0) {
+        if (sv_push(&top[field - 1], v.start, v.stop) < 0)
+            return -2;
     }
-    return 0;
+    return rc;
 }
 
-static int kind_mismatch(int kind, int want, wire_err *err)
+/* The features of record i in the spans ``top`` of its Features message(s): each wanted
+ * feature's values appended to its pieces, their number to its counts. On failure *bad_j is the
+ * feature being read (-1: none). */
+static int read_features(const unsigned char *b, Py_ssize_t i, const span_vec *top,
+                         feature_set *s, span_vec *lists, Py_ssize_t *bad_j, wire_err *err)
 {
-    snprintf(err->msg, sizeof(err->msg), "feature holds a %s, expected a %s",
-             example_kind_names[kind], example_kind_names[want]);
-    return -1;
-}
-
-/* The context features of record i, as parse_examples reads an Example's features. */
-static int seq_context(const unsigned char *b, Py_ssize_t i, seq_state *st, Py_ssize_t *bad_j,
-                       wire_err *err)
-{
-    seq_half *s = &st->half[0];
-    s->found.pool.n = 0;
-    s->found.norder = 0;
-    int rc = collect_entries(b, st->top[0].items, st->top[0].n, &s->ix, NULL, &s->found, i + 1, err);
+    int rc = collect_entries(b, top->items, top->n, &s->ix, NULL, &s->found, i + 1, err);
     for (Py_ssize_t o = 0; rc == 0 && o < s->found.norder; o++) {
         int kind;
         Py_ssize_t j = *bad_j = s->found.order[o];
-        rc = feature_kind(b, found_spans(&s->found, j), s->found.count[j], &kind, &st->lists, err);
+        rc = oneof_last(b, found_spans(&s->found, j), s->found.count[j], FEATURE_KINDS, &kind,
+                        lists, err);
         if (rc < 0 || kind == 0) /* an empty Feature is a missing one */
             continue;
         if (kind != s->kinds[j])
             return kind_mismatch(kind, s->kinds[j], err);
         int64_t count = 0;
-        rc = list_values(b, kind, &st->lists, i, &s->pieces[j], &count, err);
+        rc = list_values(b, kind, lists, i, &s->pieces[j], &count, err);
         s->counts[i * s->n + j] = count;
         s->vcheck[j] = 1;
     }
@@ -1185,7 +1141,7 @@ static int seq_context(const unsigned char *b, Py_ssize_t i, seq_state *st, Py_s
 }
 
 /* A step as every writer emits it: Feature { <kind> = { value = 1: packed bytes } }, both
- * lengths one byte, nothing else. Then the general walkers (feature_kind, list_values) would
+ * lengths one byte, nothing else. Then the general walkers (oneof_last, list_values) would
  * find ``kind`` and the one piece [*start, end): 1 and those, else 0 (the caller walks it). */
 static inline int plain_step(const unsigned char *b, Py_ssize_t s, Py_ssize_t e, int *kind,
                              Py_ssize_t *start)
@@ -1202,10 +1158,10 @@ static inline int plain_step(const unsigned char *b, Py_ssize_t s, Py_ssize_t e,
 }
 
 /* The values of one step [s, e) of feature list j of record i: pieces and their count. */
-static int seq_step(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, Py_ssize_t s,
-                    Py_ssize_t e, seq_state *st, wire_err *err)
+static int read_step(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, Py_ssize_t s,
+                     Py_ssize_t e, example_batch *eb, wire_err *err)
 {
-    seq_half *h = &st->half[1];
+    feature_set *h = &eb->part[1];
     span step = {s, e};
     int kind, rc;
     int64_t count = 0;
@@ -1226,178 +1182,179 @@ static int seq_step(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, Py_ssize
             count = c;
         }
     } else {
-        if ((rc = feature_kind(b, &step, 1, &kind, &st->lists, err)) < 0)
+        if ((rc = oneof_last(b, &step, 1, FEATURE_KINDS, &kind, &eb->lists, err)) < 0)
             return rc;
-        if (kind != h->kinds[j] && kind != 0)
+        if (kind != h->kinds[j] && kind != 0) /* an empty Feature: a step of no values */
             return kind_mismatch(kind, h->kinds[j], err);
-        if ((rc = list_values(b, kind, &st->lists, i, &h->pieces[j], &count, err)) < 0)
+        if ((rc = list_values(b, kind, &eb->lists, i, &h->pieces[j], &count, err)) < 0)
             return rc;
         h->vcheck[j] = 1;
     }
     return iv_push(&h->steps[j], count) < 0 ? -2 : 0;
 }
 
-/* The steps of feature list j in record i: each Feature of the FeatureList is one step (an
- * empty Feature a step of no values); non-Feature fields are skipped. */
-static int seq_steps(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, seq_state *st,
-                     wire_err *err)
+/* The steps of feature list j in record i: each Feature of the FeatureList is one step;
+ * non-Feature fields are skipped. */
+static int read_steps(const unsigned char *b, Py_ssize_t i, Py_ssize_t j, example_batch *eb,
+                      wire_err *err)
 {
-    seq_half *s = &st->half[1];
+    feature_set *s = &eb->part[1];
     const span *spans = found_spans(&s->found, j);
     int64_t steps = 0;
     for (Py_ssize_t k = 0; k < s->found.count[j]; k++) {
         Py_ssize_t pos = spans[k].start, end = spans[k].stop;
-        while (pos < end) {
-            uint64_t tag;
-            Py_ssize_t start, stop;
-            int rc;
-            if (rd_tag(b, &pos, end, &tag, err) < 0)
-                return -1;
-            if (tag != 0x0A) {
-                if (skip_value(b, tag, &pos, end, 0, err) < 0)
-                    return -1;
-                continue;
-            }
-            if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                return -1;
-            pos = stop;
-            if ((rc = seq_step(b, i, j, start, stop, st, err)) < 0)
+        uint64_t field;
+        span feature;
+        int rc;
+        while ((rc = next_field(b, &pos, end, FIELD_BIT(1), &field, &feature, err)) > 0) {
+            if ((rc = read_step(b, i, j, feature.start, feature.stop, eb, err)) < 0)
                 return rc;
             steps++;
         }
+        if (rc < 0)
+            return rc;
     }
     s->counts[i * s->n + j] = steps;
     return 0;
 }
 
-/* Record i; on failure *half_of / *bad_j say which feature (-1: none) the error names. */
-static int seq_record(seq_state *st, Py_ssize_t i, int *half_of, Py_ssize_t *bad_j, wire_err *err)
+/* The feature lists of record i (in the spans eb->top[1]); *bad_j as for read_features. */
+static int read_feature_lists(const unsigned char *b, Py_ssize_t i, example_batch *eb,
+                              Py_ssize_t *bad_j, wire_err *err)
 {
-    const unsigned char *b = st->rs.data[i];
-    seq_half *s = &st->half[1];
-    *half_of = 0;
-    *bad_j = -1;
-    int rc = seq_top_level(b, st->rs.len[i], st->top, err);
-    if (rc == 0)
-        rc = seq_context(b, i, st, bad_j, err);
-    if (rc < 0)
-        return rc;
-    *half_of = 1;
-    *bad_j = -1;
-    s->found.pool.n = 0;
-    s->found.norder = 0;
-    rc = collect_entries(b, st->top[1].items, st->top[1].n, &s->ix, NULL, &s->found, i + 1, err);
+    feature_set *s = &eb->part[1];
+    int rc = collect_entries(b, eb->top[1].items, eb->top[1].n, &s->ix, NULL, &s->found, i + 1,
+                             err);
     for (Py_ssize_t o = 0; rc == 0 && o < s->found.norder; o++) {
         *bad_j = s->found.order[o];
-        rc = seq_steps(b, i, *bad_j, st, err);
+        rc = read_steps(b, i, *bad_j, eb, err);
     }
     return rc;
 }
 
-/* The flat values of feature j of a half (checked as parse_examples checks them); NULL with an
+/* Record i of an Example or SequenceExample batch (a record_parser). */
+static int example_record(void *state, Py_ssize_t i, walk_fault *fault)
+{
+    example_batch *eb = state;
+    const unsigned char *b = eb->args.rs.data[i];
+    int rc = top_level(b, eb->args.rs.len[i], eb->top, eb->nparts, &fault->err);
+    if (rc == 0)
+        rc = read_features(b, i, &eb->top[0], &eb->part[0], &eb->lists, &fault->field,
+                           &fault->err);
+    if (rc < 0 || eb->nparts == 1)
+        return rc;
+    fault->pair = 1;
+    fault->field = -1;
+    return read_feature_lists(b, i, eb, &fault->field, &fault->err);
+}
+
+/* A field_namer: names[j] (bytes) as text. */
+static PyObject *example_field_name(PyObject *names, Py_ssize_t j)
+{
+    PyObject *name = PyTuple_GET_ITEM(names, j);
+    return PyUnicode_DecodeUTF8(PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), "replace");
+}
+
+/* The flat values of feature j of a part (checked as the reference checks them); NULL with an
  * exception set (a WireError naming the first record whose varints do not decode). */
-static PyObject *seq_values(const seq_state *st, const seq_half *s, Py_ssize_t j)
+static PyObject *feature_values(const record_set *rs, const feature_set *s, Py_ssize_t j)
 {
     const piece_vec *v = &s->pieces[j];
     if (s->kinds[j] == KIND_FLOAT)
-        return fixed_values(&st->rs, v, 4, "<f4");
+        return fixed_values(rs, v, 4, "<f4");
     if (s->kinds[j] == KIND_BYTES)
-        return bytes_values(&st->rs, v);
+        return bytes_values(rs, v);
     const char *message;
     Py_ssize_t owner;
     if (!s->vcheck[j]) /* every piece scanned, none flagged, and counted */
-        return varint_values(&st->rs, v, "=i8", s->vtotal[j]);
-    if (check_varint_pieces(&st->rs, v, &message, &owner) < 0) {
-        PyObject *field = field_name(PyTuple_GET_ITEM(s->names, j));
-        if (field != NULL)
-            raise_wire_error(message, owner, field);
-        Py_XDECREF(field);
+        return varint_values(rs, v, "=i8", s->vtotal[j]);
+    if (check_varint_pieces(rs, v, &message, &owner) < 0) {
+        raise_field_error(message, owner, s->names, j, example_field_name);
         return NULL;
     }
-    return varint_values(&st->rs, v, "=i8", -1);
+    return varint_values(rs, v, "=i8", -1);
 }
 
-/* An int64 array of the n values at ``items`` (NULL allowed when n is 0). */
-static PyObject *int64_array(const int64_t *items, Py_ssize_t n)
+/* A list of one array per feature of a part: its flat values (``per_step`` 0) or, for feature
+ * lists, the number of values in each step (``per_step`` 1); NULL with an exception set. */
+static PyObject *feature_arrays(const record_set *rs, const feature_set *s, int per_step)
 {
-    char *data;
-    Py_ssize_t nbytes;
-    if (checked_mul(n, 8, &nbytes) < 0)
-        return NULL;
-    PyObject *ba = new_storage(nbytes, &data);
-    if (ba == NULL)
-        return NULL;
-    if (nbytes > 0)
-        memcpy(data, items, (size_t)nbytes);
-    PyObject *arr = array_from(ba, "=i8");
-    Py_DECREF(ba);
-    return arr;
+    PyObject *list = PyList_New(s->n);
+    for (Py_ssize_t j = 0; list != NULL && j < s->n; j++) {
+        PyObject *arr = per_step ? int64_array(s->steps[j].items, s->steps[j].n)
+                                 : feature_values(rs, s, j);
+        if (arr == NULL)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, j, arr);
+    }
+    return list;
 }
 
-/* (context values, context counts, sequence values, steps, step counts) once every record
- * parsed; NULL with an exception set. Context errors come first, as in the reference. */
-static PyObject *seq_results(const seq_state *st)
+/* parse_examples: (values, counts); parse_sequence_examples: (context values, context counts,
+ * sequence values, steps, step counts). Context errors come first, as in the reference. */
+static PyObject *example_results(const example_batch *eb)
 {
-    PyObject *lists[3] = {PyList_New(st->half[0].n), PyList_New(st->half[1].n),
-                          PyList_New(st->half[1].n)};
-    PyObject *m[2] = {NULL, NULL}, *result = NULL;
-    int ok = lists[0] && lists[1] && lists[2];
-    for (int h = 0; ok && h < 2; h++) {
-        for (Py_ssize_t j = 0; ok && j < st->half[h].n; j++) {
-            PyObject *flat = seq_values(st, &st->half[h], j);
-            ok = flat != NULL;
-            if (ok)
-                PyList_SET_ITEM(lists[h], j, flat);
-        }
+    const record_set *rs = &eb->args.rs;
+    PyObject *values[2] = {NULL, NULL}, *counts[2] = {NULL, NULL}, *per_step = NULL;
+    PyObject *result = NULL;
+    int ok = 1;
+    for (int h = 0; ok && h < eb->nparts; h++)
+        ok = (values[h] = feature_arrays(rs, &eb->part[h], 0)) != NULL;
+    if (ok && eb->nparts == 2)
+        ok = (per_step = feature_arrays(rs, &eb->part[1], 1)) != NULL;
+    for (int h = 0; ok && h < eb->nparts; h++)
+        ok = (counts[h] = int64_matrix(eb->part[h].counts, rs->n, eb->part[h].n)) != NULL;
+    if (ok && eb->nparts == 1)
+        result = PyTuple_Pack(2, values[0], counts[0]);
+    else if (ok)
+        result = PyTuple_Pack(5, values[0], counts[0], values[1], counts[1], per_step);
+    for (int h = 0; h < 2; h++) {
+        Py_XDECREF(values[h]);
+        Py_XDECREF(counts[h]);
     }
-    for (Py_ssize_t j = 0; ok && j < st->half[1].n; j++) {
-        PyObject *per_step = int64_array(st->half[1].steps[j].items, st->half[1].steps[j].n);
-        ok = per_step != NULL;
-        if (ok)
-            PyList_SET_ITEM(lists[2], j, per_step);
-    }
-    for (int h = 0; ok && h < 2; h++) {
-        m[h] = int64_matrix(st->half[h].counts, st->rs.n, st->half[h].n);
-        ok = m[h] != NULL;
-    }
-    if (ok)
-        result = PyTuple_Pack(5, lists[0], m[0], lists[1], m[1], lists[2]);
-    for (int k = 0; k < 3; k++)
-        Py_XDECREF(lists[k]);
-    Py_XDECREF(m[0]);
-    Py_XDECREF(m[1]);
+    Py_XDECREF(per_step);
     return result;
 }
 
-/* Parse every record (without the GIL for large batches); NULL with an exception set. */
-static PyObject *seq_parse(seq_state *st)
+/* Both kernels: the arguments taken, the parts set up, the records walked, the results built. */
+static PyObject *example_kernel(PyObject *records, PyObject *const names[],
+                                PyObject *const kinds[], int nparts)
 {
-    Py_ssize_t nrec = st->rs.n, bad_i = -1, bad_j = -1;
-    int rc = 0, half_of = 0;
-    PyThreadState *tstate = nrec >= GIL_RELEASE_MIN_RECORDS ? PyEval_SaveThread() : NULL;
-    wire_err err;
-    /* No Python API in this loop: a failure stops it, and is raised below with the GIL. */
-    for (Py_ssize_t i = 0; i < nrec; i++) {
-        if (i + PREFETCH_AHEAD < nrec)
-            prefetch_record(&st->rs, i + PREFETCH_AHEAD);
-        if ((rc = seq_record(st, i, &half_of, &bad_j, &err)) < 0) {
-            bad_i = i;
-            break;
-        }
+    example_batch eb;
+    walk_fault fault;
+    PyObject *result = NULL;
+    memset(&eb, 0, sizeof(eb));
+    eb.nparts = nparts;
+    if (kernel_args_take(&eb.args, records, names, kinds, nparts) < 0)
+        goto done;
+    for (int h = 0; h < nparts; h++) {
+        if (feature_set_init(&eb.part[h], eb.args.names[h], eb.args.kinds[h], eb.args.rs.n,
+                             h == 1) < 0)
+            goto done;
     }
-    if (tstate != NULL)
-        PyEval_RestoreThread(tstate);
-    if (rc == -2)
-        return PyErr_NoMemory();
-    if (rc < 0) {
-        PyObject *field = bad_j >= 0
-            ? field_name(PyTuple_GET_ITEM(st->half[half_of].names, bad_j)) : NULL;
-        if (bad_j < 0 || field != NULL)
-            raise_wire_error(err.msg, bad_i, field);
-        Py_XDECREF(field);
+    if (walk_records(&eb.args.rs, example_record, &eb, &fault) < 0)
+        raise_walk_fault(&fault, &eb.args, example_field_name);
+    else
+        result = example_results(&eb);
+done:
+    example_batch_release(&eb);
+    return result;
+}
+
+PyDoc_STRVAR(parse_examples_doc,
+"parse_examples(records, names, kinds) -> (values, counts)\n\n"
+"Parse serialized tf.train.Example records; same results and errors as\n"
+"streamio.decoders.example.parse_examples (the reference).");
+
+static PyObject *py_parse_examples(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"records", "names", "kinds", NULL};
+    PyObject *records, *names, *kinds;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:parse_examples", kwlist, &records,
+                                     &names, &kinds))
         return NULL;
-    }
-    return seq_results(st);
+    return example_kernel(records, &names, &kinds, 1);
 }
 
 PyDoc_STRVAR(parse_sequence_examples_doc,
@@ -1410,32 +1367,11 @@ static PyObject *py_parse_sequence_examples(PyObject *self, PyObject *args, PyOb
 {
     static char *kwlist[] = {"records", "context_names", "context_kinds", "sequence_names",
                              "sequence_kinds", NULL};
-    PyObject *records, *names[2], *kinds[2], *kinds_seq[2] = {NULL, NULL}, *result = NULL;
-    seq_state st;
-    memset(&st, 0, sizeof(st));
+    PyObject *records, *names[2], *kinds[2];
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO:parse_sequence_examples", kwlist,
                                      &records, &names[0], &kinds[0], &names[1], &kinds[1]))
         return NULL;
-    /* Tuples of our own, and the records, before converting a kind (__index__ may run Python
-     * code that changes the caller's lists). */
-    for (int h = 0; h < 2; h++) {
-        if ((st.half[h].names = PySequence_Tuple(names[h])) == NULL
-            || (kinds_seq[h] = PySequence_Tuple(kinds[h])) == NULL)
-            goto done;
-    }
-    if (records_acquire(records, &st.rs) < 0)
-        goto done;
-    st.have_rs = 1;
-    for (int h = 0; h < 2; h++) {
-        if (seq_half_init(&st.half[h], kinds_seq[h], st.rs.n, h == 1) < 0)
-            goto done;
-    }
-    result = seq_parse(&st);
-done:
-    seq_release(&st);
-    Py_XDECREF(kinds_seq[0]);
-    Py_XDECREF(kinds_seq[1]);
-    return result;
+    return example_kernel(records, names, kinds, 2);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1453,6 +1389,8 @@ done:
 #define RKIND_FLOAT64 3
 #define RKIND_INT32 7
 #define RKIND_BYTES 9
+#define RECORDIO_KINDS (FIELD_BIT(RKIND_FLOAT32) | FIELD_BIT(RKIND_FLOAT64) \
+                        | FIELD_BIT(RKIND_INT32) | FIELD_BIT(RKIND_BYTES))
 
 static const char *rkind_name(int kind)
 {
@@ -1464,49 +1402,6 @@ static const char *rkind_name(int kind)
     }
 }
 
-static int value_tag_kind(uint64_t tag)
-{
-    switch (tag) {
-    case 0x12: return RKIND_FLOAT32;
-    case 0x1A: return RKIND_FLOAT64;
-    case 0x3A: return RKIND_INT32;
-    case 0x4A: return RKIND_BYTES;
-    default: return 0;
-    }
-}
-
-/* The oneof kind set last in a Value (spans merged) and the spans of its tensor message(s). */
-static int value_kind(const unsigned char *b, const span *spans, Py_ssize_t nspans, int *kind,
-                      span_vec *tensors, wire_err *err)
-{
-    *kind = 0;
-    tensors->n = 0;
-    for (Py_ssize_t s = 0; s < nspans; s++) {
-        Py_ssize_t pos = spans[s].start, end = spans[s].stop;
-        while (pos < end) {
-            uint64_t tag;
-            Py_ssize_t start, stop;
-            if (rd_tag(b, &pos, end, &tag, err) < 0)
-                return -1;
-            int found = value_tag_kind(tag);
-            if (found) {
-                if (rd_len(b, pos, end, &start, &stop, err) < 0)
-                    return -1;
-                pos = stop;
-                if (found != *kind) { /* switching the oneof discards the earlier tensor */
-                    *kind = found;
-                    tensors->n = 0;
-                }
-                if (sv_push(tensors, start, stop) < 0)
-                    return -2;
-            } else if (skip_value(b, tag, &pos, end, 0, err) < 0) {
-                return -1;
-            }
-        }
-    }
-    return 0;
-}
-
 /* The three streams of one tensor: 0 values, 1 keys, 2 shape. */
 typedef struct {
     piece_vec stream[3];
@@ -1514,8 +1409,8 @@ typedef struct {
     int bad[3];          /* a piece of that stream fails check_varint_pieces: report it later */
 } tensor_pieces;
 
-/* A tensor's values, keys and shape pieces for record ``rec``, counting as it goes. The pieces
- * are appended only once the whole tensor parsed (as the reference collects spans first). */
+/* A tensor's values, keys and shape pieces for record ``rec``, counting as it goes. A failure
+ * stops the whole batch, so pieces appended before it never reach a result. */
 static int tensor_values(const unsigned char *b, int kind, const span_vec *tensors, Py_ssize_t rec,
                          tensor_pieces *out, int64_t counts[3], wire_err *err)
 {
@@ -1596,8 +1491,7 @@ static Py_ssize_t first_bad_owner(const record_set *rs, const tensor_pieces *t, 
     for (int st = kind == RKIND_INT32 ? 0 : 1; st < 3; st++) {
         const piece_vec *v = &t->stream[st];
         for (Py_ssize_t k = 0; k < v->n; k++) {
-            const unsigned char *p = rs->data[v->items[k].rec] + v->items[k].start;
-            if (piece_ends_inside(p, v->items[k].len) || piece_has_long_varint(p, v->items[k].len)) {
+            if (piece_is_bad(rs, &v->items[k])) {
                 if (best < 0 || v->items[k].rec < best)
                     best = v->items[k].rec;
                 break;
@@ -1607,13 +1501,14 @@ static Py_ssize_t first_bad_owner(const record_set *rs, const tensor_pieces *t, 
     return best;
 }
 
-static PyObject *recordio_field_name(PyObject *name_tuple)
+/* A field_namer: the key of names[j] = (section, key), "label_" + key for the label section. */
+static PyObject *recordio_field_name(PyObject *names, Py_ssize_t j)
 {
-    PyObject *key = PyTuple_GET_ITEM(name_tuple, 1);
-    long section = PyLong_AsLong(PyTuple_GET_ITEM(name_tuple, 0));
+    PyObject *name = PyTuple_GET_ITEM(names, j);
+    long section = PyLong_AsLong(PyTuple_GET_ITEM(name, 0));
     if (section == -1 && PyErr_Occurred())
         return NULL;
-    PyObject *text = field_name(key);
+    PyObject *text = example_field_name(name, 1); /* the key, name[1] */
     if (text == NULL || section != 2)
         return text;
     PyObject *out = PyUnicode_FromFormat("label_%U", text);
@@ -1621,10 +1516,27 @@ static PyObject *recordio_field_name(PyObject *name_tuple)
     return out;
 }
 
+/* The section (1 features, 2 label) of a name that is a (section, key bytes) tuple; else -1 with
+ * TypeError. May run Python code. */
+static int name_section(PyObject *name)
+{
+    long section = -1;
+    if (PyTuple_Check(name) && PyTuple_GET_SIZE(name) == 2) {
+        section = PyLong_AsLong(PyTuple_GET_ITEM(name, 0));
+        if (section == -1 && PyErr_Occurred())
+            PyErr_Clear();
+    }
+    if ((section != 1 && section != 2) || !PyBytes_Check(PyTuple_GET_ITEM(name, 1))) {
+        PyErr_SetString(PyExc_TypeError, "names must be (section 1 or 2, key bytes) tuples");
+        return -1;
+    }
+    return (int)section;
+}
+
 /* Split names by section: features (1) and label (2) keys are looked up separately, each
  * index mapping back to the caller's position j. Checks names and kinds; 0 or -1 with an
  * exception set (ix[] then needs no release). */
-static int section_names(PyObject *names_seq, PyObject *kinds_seq, Py_ssize_t nf, int *kinds,
+static int section_names(PyObject *names, PyObject *kinds_seq, Py_ssize_t nf, int *kinds,
                          name_index ix[2])
 {
     int have_ix = 0;
@@ -1638,31 +1550,13 @@ static int section_names(PyObject *names_seq, PyObject *kinds_seq, Py_ssize_t nf
     if (!ok)
         PyErr_NoMemory();
     for (Py_ssize_t j = 0; ok && j < nf; j++) {
-        PyObject *name = PyTuple_GET_ITEM(names_seq, j);
-        long section = -1, k;
-        if (PyTuple_Check(name) && PyTuple_GET_SIZE(name) == 2) {
-            section = PyLong_AsLong(PyTuple_GET_ITEM(name, 0));
-            if (section == -1 && PyErr_Occurred())
-                PyErr_Clear();
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        int sct = name_section(name) - 1;
+        ok = sct >= 0 && kind_at(kinds_seq, j, RECORDIO_KINDS, "2, 3, 7 or 9", &kinds[j]) == 0;
+        if (ok) {
+            by_section[sct][n_in[sct]] = PyTuple_GET_ITEM(name, 1);
+            ids[sct][n_in[sct]++] = j;
         }
-        if ((section != 1 && section != 2) || !PyBytes_Check(PyTuple_GET_ITEM(name, 1))) {
-            PyErr_SetString(PyExc_TypeError, "names must be (section 1 or 2, key bytes) tuples");
-            ok = 0;
-            break;
-        }
-        k = PyLong_AsLong(PyTuple_GET_ITEM(kinds_seq, j));
-        if (k == -1 && PyErr_Occurred()) {
-            ok = 0;
-            break;
-        }
-        if (k != RKIND_FLOAT32 && k != RKIND_FLOAT64 && k != RKIND_INT32 && k != RKIND_BYTES) {
-            PyErr_Format(PyExc_ValueError, "kinds must be 2, 3, 7 or 9, not %ld", k);
-            ok = 0;
-            break;
-        }
-        kinds[j] = (int)k;
-        by_section[section - 1][n_in[section - 1]] = PyTuple_GET_ITEM(name, 1);
-        ids[section - 1][n_in[section - 1]++] = j;
     }
     if (ok && names_build(&ix[0], by_section[0], n_in[0]) == 0) {
         if (names_build(&ix[1], by_section[1], n_in[1]) == 0) {
@@ -1681,6 +1575,155 @@ static int section_names(PyObject *names_seq, PyObject *kinds_seq, Py_ssize_t nf
     return have_ix ? 0 : -1;
 }
 
+typedef struct {
+    kernel_args args;
+    Py_ssize_t nf;
+    int *kinds;
+    name_index ix[2]; /* keys of the features (section 1) and label (section 2) maps */
+    found_set found;
+    tensor_pieces *pieces;
+    int64_t *counts[3]; /* (records, nf) for each stream: values (-1 absent), keys, shape */
+    span_vec tensors;
+    int have_ix, have_found;
+} recordio_batch;
+
+static void recordio_release(recordio_batch *rb)
+{
+    for (Py_ssize_t j = 0; rb->pieces && j < rb->nf; j++)
+        for (int st = 0; st < 3; st++)
+            PyMem_RawFree(rb->pieces[j].stream[st].items);
+    PyMem_Free(rb->pieces);
+    for (int st = 0; st < 3; st++)
+        PyMem_Free(rb->counts[st]);
+    PyMem_RawFree(rb->tensors.items);
+    PyMem_Free(rb->kinds);
+    if (rb->have_found)
+        found_release(&rb->found);
+    if (rb->have_ix) {
+        names_release(&rb->ix[0]);
+        names_release(&rb->ix[1]);
+    }
+    kernel_args_release(&rb->args);
+}
+
+/* Set up from the arguments (converting sections and kinds may run Python code); 0 or -1 with
+ * an exception set. */
+static int recordio_init(recordio_batch *rb)
+{
+    Py_ssize_t nf = rb->nf = PyTuple_GET_SIZE(rb->args.names[0]);
+    rb->kinds = alloc_items(nf, sizeof(int));
+    rb->pieces = rb->kinds ? PyMem_Calloc(nf ? nf : 1, sizeof(tensor_pieces)) : NULL;
+    if (rb->pieces == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return -1;
+    }
+    if (section_names(rb->args.names[0], rb->args.kinds[0], nf, rb->kinds, rb->ix) < 0)
+        return -1;
+    rb->have_ix = 1;
+    rb->have_found = 1; /* found_init leaves it safe to release */
+    if (found_init(&rb->found, nf) < 0)
+        return -1;
+    for (int st = 0; st < 3; st++) {
+        if ((rb->counts[st] = counts_new(rb->args.rs.n, nf, st == 0 ? -1 : 0)) == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+/* Record i of a Record batch (a record_parser). */
+static int recordio_record(void *state, Py_ssize_t i, walk_fault *fault)
+{
+    recordio_batch *rb = state;
+    const unsigned char *b = rb->args.rs.data[i];
+    span whole = {0, rb->args.rs.len[i]};
+    int rc = collect_entries(b, &whole, 1, &rb->ix[0], &rb->ix[1], &rb->found, i + 1, &fault->err);
+    for (Py_ssize_t o = 0; rc == 0 && o < rb->found.norder; o++) {
+        int kind;
+        Py_ssize_t j = fault->field = rb->found.order[o];
+        rc = oneof_last(b, found_spans(&rb->found, j), rb->found.count[j], RECORDIO_KINDS, &kind,
+                        &rb->tensors, &fault->err);
+        if (rc < 0 || kind == 0) /* an empty Value is an absent one */
+            continue;
+        if (kind != rb->kinds[j]) {
+            snprintf(fault->err.msg, sizeof(fault->err.msg),
+                     "holds a %s where the first record has a %s", rkind_name(kind),
+                     rkind_name(rb->kinds[j]));
+            return -1;
+        }
+        int64_t c[3] = {0, 0, 0};
+        Py_ssize_t cell = i * rb->nf + j;
+        rc = tensor_values(b, kind, &rb->tensors, i, &rb->pieces[j], c, &fault->err);
+        rb->counts[0][cell] = c[0];
+        rb->counts[1][cell] += c[1];
+        rb->counts[2][cell] += c[2];
+    }
+    return rc;
+}
+
+/* The flat values of tensor j, its varint streams checked first (in the reference's order: int32
+ * values, keys, shape); NULL with an exception set. */
+static PyObject *tensor_flat(const recordio_batch *rb, Py_ssize_t j)
+{
+    const record_set *rs = &rb->args.rs;
+    const tensor_pieces *t = &rb->pieces[j];
+    int kind = rb->kinds[j];
+    for (int st = (kind == RKIND_INT32 ? 0 : 1); st < 3; st++) {
+        const char *message;
+        Py_ssize_t owner;
+        /* the record walk scanned every piece: only a flagged stream needs the full check */
+        if (t->bad[st] && check_varint_pieces(rs, &t->stream[st], &message, &owner) < 0) {
+            raise_field_error(message, first_bad_owner(rs, t, kind), rb->args.names[0], j,
+                              recordio_field_name);
+            return NULL;
+        }
+    }
+    if (kind == RKIND_FLOAT32)
+        return fixed_values(rs, &t->stream[0], 4, "<f4");
+    if (kind == RKIND_FLOAT64)
+        return fixed_values(rs, &t->stream[0], 8, "<f8");
+    if (kind == RKIND_BYTES)
+        return bytes_values(rs, &t->stream[0]);
+    /* int32 varints are sign-extended to 64 bits; protobuf keeps the low 32 */
+    PyObject *wide = varint_values(rs, &t->stream[0], "=u8", t->total[0]), *low, *flat = NULL;
+    if (wide == NULL)
+        return NULL;
+    low = PyObject_CallMethod(wide, "astype", "s", "=u4");
+    Py_DECREF(wide);
+    if (low != NULL) {
+        flat = PyObject_CallMethod(low, "view", "s", "=i4");
+        Py_DECREF(low);
+    }
+    return flat;
+}
+
+/* (values, counts, keys, key counts, shapes, shape counts); NULL with an exception set. */
+static PyObject *recordio_results(const recordio_batch *rb)
+{
+    const record_set *rs = &rb->args.rs;
+    PyObject *lists[3], *m[3] = {NULL, NULL, NULL}, *result = NULL;
+    int ok = 1;
+    for (int st = 0; st < 3; st++)
+        ok &= (lists[st] = PyList_New(rb->nf)) != NULL;
+    for (Py_ssize_t j = 0; ok && j < rb->nf; j++) {
+        for (int st = 0; ok && st < 3; st++) {
+            PyObject *arr = st == 0 ? tensor_flat(rb, j)
+                : varint_values(rs, &rb->pieces[j].stream[st], "=u8", rb->pieces[j].total[st]);
+            if ((ok = arr != NULL))
+                PyList_SET_ITEM(lists[st], j, arr);
+        }
+    }
+    for (int st = 0; ok && st < 3; st++)
+        ok = (m[st] = int64_matrix(rb->counts[st], rs->n, rb->nf)) != NULL;
+    if (ok)
+        result = PyTuple_Pack(6, lists[0], m[0], lists[1], m[1], lists[2], m[2]);
+    for (int st = 0; st < 3; st++) {
+        Py_XDECREF(lists[st]);
+        Py_XDECREF(m[st]);
+    }
+    return result;
+}
+
 PyDoc_STRVAR(parse_recordio_protobuf_doc,
 "parse_recordio_protobuf(records, names, kinds)\n"
 "    -> (values, counts, keys, key_counts, shapes, shape_counts)\n\n"
@@ -1690,212 +1733,20 @@ PyDoc_STRVAR(parse_recordio_protobuf_doc,
 static PyObject *py_parse_recordio_protobuf(PyObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"records", "names", "kinds", NULL};
-    PyObject *records, *names_obj, *kinds_obj;
-    PyObject *names_seq = NULL, *kinds_seq = NULL, *result = NULL;
-    PyObject *lists[3] = {NULL, NULL, NULL};
-    PyObject **keys = NULL;
-    record_set rs;
-    name_index ix[2];
-    found_set found;
-    span_vec tensors = {0};
-    tensor_pieces *pieces = NULL;
-    int *kinds = NULL;
-    int64_t *counts[3] = {NULL, NULL, NULL};
-    wire_err err;
-    Py_ssize_t nf = 0, nrec, bad_i = -1, bad_j = -1;
-    int have_rs = 0, have_ix = 0, have_found = 0, release = 0, bad_rc = 0;
-    PyThreadState *tstate = NULL;
-
+    PyObject *records, *names, *kinds, *result = NULL;
+    recordio_batch rb;
+    walk_fault fault;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:parse_recordio_protobuf", kwlist, &records,
-                                     &names_obj, &kinds_obj))
+                                     &names, &kinds))
         return NULL;
-    /* Tuples of our own, as in parse_examples: sections and kinds are converted with __index__,
-     * which may run Python code that changes the caller's lists. */
-    names_seq = PySequence_Tuple(names_obj);
-    if (names_seq == NULL)
-        goto done;
-    kinds_seq = PySequence_Tuple(kinds_obj);
-    if (kinds_seq == NULL)
-        goto done;
-    nf = PyTuple_GET_SIZE(names_seq);
-    if (PyTuple_GET_SIZE(kinds_seq) != nf) {
-        PyErr_SetString(PyExc_ValueError, "names and kinds must have the same length");
-        goto done;
+    memset(&rb, 0, sizeof(rb));
+    if (kernel_args_take(&rb.args, records, &names, &kinds, 1) == 0 && recordio_init(&rb) == 0) {
+        if (walk_records(&rb.args.rs, recordio_record, &rb, &fault) < 0)
+            raise_walk_fault(&fault, &rb.args, recordio_field_name);
+        else
+            result = recordio_results(&rb);
     }
-    /* The records too, before any conversion below can run Python code. */
-    if (records_acquire(records, &rs) < 0)
-        goto done;
-    have_rs = 1;
-    kinds = alloc_items(nf, sizeof(int));
-    pieces = kinds ? PyMem_Calloc(nf ? nf : 1, sizeof(tensor_pieces)) : NULL;
-    keys = pieces ? PyMem_Calloc(nf ? nf : 1, sizeof(PyObject *)) : NULL;
-    if (keys == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
-        goto done;
-    }
-    if (section_names(names_seq, kinds_seq, nf, kinds, ix) < 0)
-        goto done;
-    have_ix = 1;
-    if (found_init(&found, nf) < 0)
-        goto done;
-    have_found = 1;
-    nrec = rs.n;
-    Py_ssize_t ncounts;
-    if (checked_mul(nrec, nf, &ncounts) < 0)
-        goto done;
-    for (int st = 0; st < 3; st++) {
-        counts[st] = alloc_items(ncounts, sizeof(int64_t));
-        if (counts[st] == NULL)
-            goto done;
-        for (Py_ssize_t k = 0; k < ncounts; k++)
-            counts[st][k] = st == 0 ? -1 : 0;
-    }
-
-    /* Everything is ours from here on (records and names held by tuples): no Python code. */
-    release = nrec >= GIL_RELEASE_MIN_RECORDS;
-    if (release)
-        tstate = PyEval_SaveThread();
-    /* No Python API in this loop (it may run without the GIL): see parse_examples. */
-    for (Py_ssize_t i = 0; i < nrec; i++) {
-        const unsigned char *b = rs.data[i];
-        span whole = {0, rs.len[i]};
-        if (i + PREFETCH_AHEAD < nrec)
-            prefetch_record(&rs, i + PREFETCH_AHEAD);
-        Py_ssize_t j = -1;
-        int rc;
-        found.pool.n = 0;
-        found.norder = 0;
-        rc = collect_entries(b, &whole, 1, &ix[0], &ix[1], &found, i + 1, &err);
-        for (Py_ssize_t o = 0; rc == 0 && o < found.norder; o++) {
-            int kind;
-            j = found.order[o];
-            rc = value_kind(b, found_spans(&found, j), found.count[j], &kind, &tensors, &err);
-            if (rc < 0 || kind == 0) /* an empty Value is an absent one */
-                continue;
-            if (kind != kinds[j]) {
-                snprintf(err.msg, sizeof(err.msg), "holds a %s where the first record has a %s",
-                         rkind_name(kind), rkind_name(kinds[j]));
-                rc = -1;
-                break;
-            }
-            int64_t c[3] = {0, 0, 0};
-            rc = tensor_values(b, kind, &tensors, i, &pieces[j], c, &err);
-            counts[0][i * nf + j] = c[0];
-            counts[1][i * nf + j] += c[1];
-            counts[2][i * nf + j] += c[2];
-        }
-        if (rc < 0) {
-            bad_rc = rc;
-            bad_i = i;
-            bad_j = j;
-            break;
-        }
-    }
-    if (tstate != NULL) {
-        PyEval_RestoreThread(tstate);
-        tstate = NULL;
-    }
-    if (bad_rc == -2) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (bad_rc < 0) {
-        PyObject *field = bad_j >= 0
-            ? recordio_field_name(PyTuple_GET_ITEM(names_seq, bad_j)) : NULL;
-        if (bad_j < 0 || field != NULL)
-            raise_wire_error(err.msg, bad_i, field);
-        Py_XDECREF(field);
-        goto done;
-    }
-
-    for (int st = 0; st < 3; st++) {
-        lists[st] = PyList_New(nf);
-        if (lists[st] == NULL)
-            goto done;
-    }
-    for (Py_ssize_t j = 0; j < nf; j++) {
-        /* Varint streams are checked in the reference's order: int32 values, keys, shape. */
-        for (int st = (kinds[j] == RKIND_INT32 ? 0 : 1); st < 3; st++) {
-            const char *message;
-            Py_ssize_t owner;
-            /* the record loop scanned every piece: only a flagged stream needs the full check */
-            if (pieces[j].bad[st]
-                && check_varint_pieces(&rs, &pieces[j].stream[st], &message, &owner) < 0) {
-                PyObject *field = recordio_field_name(PyTuple_GET_ITEM(names_seq, j));
-                if (field != NULL)
-                    raise_wire_error(message, first_bad_owner(&rs, &pieces[j], kinds[j]), field);
-                Py_XDECREF(field);
-                goto done;
-            }
-        }
-        PyObject *flat;
-        if (kinds[j] == RKIND_FLOAT32) {
-            flat = fixed_values(&rs, &pieces[j].stream[0], 4, "<f4");
-        } else if (kinds[j] == RKIND_FLOAT64) {
-            flat = fixed_values(&rs, &pieces[j].stream[0], 8, "<f8");
-        } else if (kinds[j] == RKIND_INT32) {
-            /* int32 varints are sign-extended to 64 bits; protobuf keeps the low 32 */
-            PyObject *wide = varint_values(&rs, &pieces[j].stream[0], "=u8",
-                                           pieces[j].total[0]);
-            flat = NULL;
-            if (wide != NULL) {
-                PyObject *low = PyObject_CallMethod(wide, "astype", "s", "=u4");
-                Py_DECREF(wide);
-                if (low != NULL) {
-                    flat = PyObject_CallMethod(low, "view", "s", "=i4");
-                    Py_DECREF(low);
-                }
-            }
-        } else {
-            flat = bytes_values(&rs, &pieces[j].stream[0]);
-        }
-        if (flat == NULL)
-            goto done;
-        PyList_SET_ITEM(lists[0], j, flat);
-        for (int st = 1; st < 3; st++) {
-            PyObject *arr = varint_values(&rs, &pieces[j].stream[st], "=u8", pieces[j].total[st]);
-            if (arr == NULL)
-                goto done;
-            PyList_SET_ITEM(lists[st], j, arr);
-        }
-    }
-    {
-        PyObject *m[3] = {NULL, NULL, NULL};
-        for (int st = 0; st < 3; st++) {
-            m[st] = int64_matrix(counts[st], nrec, nf);
-            if (m[st] == NULL)
-                break;
-        }
-        if (m[0] && m[1] && m[2])
-            result = PyTuple_Pack(6, lists[0], m[0], lists[1], m[1], lists[2], m[2]);
-        for (int st = 0; st < 3; st++)
-            Py_XDECREF(m[st]);
-    }
-done:
-    if (pieces) {
-        for (Py_ssize_t j = 0; j < nf; j++)
-            for (int st = 0; st < 3; st++)
-                PyMem_RawFree(pieces[j].stream[st].items);
-        PyMem_Free(pieces);
-    }
-    for (int st = 0; st < 3; st++) {
-        PyMem_Free(counts[st]);
-        Py_XDECREF(lists[st]);
-    }
-    PyMem_RawFree(tensors.items);
-    PyMem_Free(kinds);
-    PyMem_Free(keys);
-    if (have_found)
-        found_release(&found);
-    if (have_rs)
-        records_release(&rs);
-    if (have_ix) {
-        names_release(&ix[0]);
-        names_release(&ix[1]);
-    }
-    Py_XDECREF(names_seq);
-    Py_XDECREF(kinds_seq);
+    recordio_release(&rb);
     return result;
 }
 
