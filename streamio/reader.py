@@ -287,9 +287,13 @@ class RecordReader:
         clock = time.perf_counter
         view = memoryview(bytearray(self.read_size))
         readinto = src.readinto
-        rest_buffer = framer.rest_buffer
+        # Optional in the framer protocol: framers that keep no frame of their own (the
+        # SageMaker manifest grouper, "object", a user's registered framer) are fed chunks.
+        rest_buffer = getattr(framer, "rest_buffer", None)
         while True:
-            rest = rest_buffer() if codec is None or getattr(codec, "plain", False) else None
+            # A sniffing codec says "plain" only once it has seen the first bytes.
+            rest = (rest_buffer() if rest_buffer is not None
+                    and (codec is None or getattr(codec, "plain", False)) else None)
             t0 = clock()
             n = readinto(view if rest is None else rest)
             stats.source_wait_s += clock() - t0

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import streamio
 from streamio.errors import (CorruptRecordError, FormatError, RecordTooLargeError, StreamioWarning,
                              TruncatedStreamError)
 from streamio.formats import encode_recordio, encode_tfrecord, make_framer
@@ -363,3 +364,39 @@ def test_recordio_damaged_length_gives_the_same_verdict_at_every_cut():
     assert whole == ([], (CorruptRecordError, 0, 0))
     for cut in range(len(stream) + 1):
         assert _outcome("recordio", stream, [cut]) == whole, cut
+
+
+def test_a_registered_framer_needs_only_feed_and_finish(tmp_path, fifo):
+    """``rest_buffer``/``rest_filled`` (reading a large frame's rest in place) are optional: a
+    framer with just feed/finish and the counters reads a file and a FIFO, plain and gzip."""
+    import gzip as _gzip
+
+    from streamio.formats import FORMATS, register_format
+
+    class NullSeparated:  # records end at b"\0"
+        def __init__(self, **_: object) -> None:
+            self.records = self.skipped_records = self.skipped_bytes = 0
+            self._tail = b""
+
+        def feed(self, chunk) -> list:
+            *out, self._tail = (self._tail + bytes(chunk)).split(b"\0")
+            self.records += len(out)
+            return out
+
+        def finish(self) -> list:
+            out = [self._tail] if self._tail else []
+            self.records += len(out)
+            return out
+
+    want = [b"record-%d" % i * (i % 5 + 1) for i in range(3000)]
+    data = b"\0".join(want)
+    register_format("null-separated", lambda **kw: NullSeparated(**kw))
+    try:
+        path = tmp_path / "records.bin"
+        path.write_bytes(data)
+        zipped = tmp_path / "records.bin.gz"
+        zipped.write_bytes(_gzip.compress(data))
+        for source in (str(path), str(zipped), fifo.make(data, 7, 4096, 1 << 20)):
+            assert list(streamio.read_records(source, "null-separated")) == want
+    finally:
+        FORMATS.pop("null-separated", None)
