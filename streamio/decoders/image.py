@@ -49,6 +49,10 @@ OnError = Literal["raise", "skip", "warn"]
 _ON_ERROR = ("raise", "skip", "warn")
 _RESAMPLE = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 
+# What a map process decoding images imports lazily: a forkserver imports these once for all of
+# its children (see streamio.pipeline.parallel._preload); a missing one is skipped there.
+_FORKSERVER_PRELOAD = ("PIL.Image", "PIL.ImageFile", "simplejpeg", "crc32c")
+
 # MXNet recordio.IRHeader: struct "IfQQ" (flag, label, id, id2), 24 bytes.
 _IR_HEADER = struct.Struct("<IfQQ")
 IR_HEADER_SIZE = _IR_HEADER.size
