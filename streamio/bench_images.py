@@ -306,6 +306,36 @@ def _time_limit(jpegs: Sequence[bytes], raw: bool, threads: int = 1) -> tuple:
     return time.perf_counter() - t0, len(jpegs), None
 
 
+def warm_up(info: dict) -> None:
+    """Pay the once-per-program costs before any case is timed, so that no case's first round
+    carries them: importing torch (the ImageFolder baseline's DataLoader) and starting the
+    forkserver behind ``map(backend="process")`` (it imports the decoder's modules once for
+    every later epoch). Each epoch's own costs (threads, worker processes, opening the FIFO)
+    stay inside the timings."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    if has_map():
+        from .pipeline import Dataset
+
+        for fmt, src in (("tfrecord", info["tfrecord"]), ("recordio", info["rec"])):
+            decoder = _decoders(fmt)
+            it = iter(Dataset(src, fmt).batch(BATCH).map(decoder.decode_batch,
+                                                       num_parallel=PARALLEL, backend="process"))
+            try:
+                next(it)
+            finally:
+                it.close()
+
+
+def _load() -> Optional[tuple]:
+    try:
+        return os.getloadavg()
+    except OSError:  # pragma: no cover - not on this platform
+        return None
+
+
 def run(images: int, rounds: int, cache_dir: str, tmpdir: str, log: Callable[[str], None]) -> dict:
     info = make_image_set(images, cache_dir, log)
     jpegs = []
@@ -313,6 +343,8 @@ def run(images: int, rounds: int, cache_dir: str, tmpdir: str, log: Callable[[st
         with open(path, "rb") as f:
             jpegs.append(f.read())
     cores = os.cpu_count() or 1
+    warm_up(info)
+    load_before = _load()
     cases: dict = {}
     for fmt, src in (("tfrecord", info["tfrecord"]), ("recordio", info["rec"])):
         name = "TFRecord Example" if fmt == "tfrecord" else "im2rec .rec"
@@ -337,7 +369,8 @@ def run(images: int, rounds: int, cache_dir: str, tmpdir: str, log: Callable[[st
             seconds[name].append(s)
             log(f"round {r + 1}/{rounds}: {name}: {n / s:,.0f} images/s")
     return {"info": {k: v for k, v in info.items() if k != "files"}, "cores": cores,
-            "seconds": seconds, "map": "Dataset.map" if has_map() else "stand-in pool"}
+            "seconds": seconds, "map": "Dataset.map" if has_map() else "stand-in pool",
+            "load": [load_before, _load()]}
 
 
 def format_report(report: dict) -> str:
@@ -348,6 +381,10 @@ def format_report(report: dict) -> str:
     lines = [f"{n} JPEGs, {mb:.0f} MB ({info['jpeg_bytes'] / n / 1e3:.0f} KB each), decode +"
              f" resize {RESIZE} + centre crop {CROP} + batch {BATCH}; {cores} cores;"
              f" median of {len(next(iter(report['seconds'].values())))} rounds",
+             f"load average (1, 5, 15 min) before / after: "
+             + " / ".join("?" if la is None else ", ".join(f"{x:.1f}" for x in la)
+                          for la in report.get("load", [None, None]))
+             + f" (more than {cores} means other work shared the cores: ratios are then noisy)",
              f"parallel decoders via {report['map']}"
              + ("" if report["map"] == "Dataset.map" else
                 " (Dataset.map is not in this checkout: a bounded ordered pool over batches of"

@@ -350,13 +350,14 @@ def arrays_of(batch: list) -> dict:
             "f32": rng.standard_normal(n).astype(np.float32),
             "small": seeds.copy(),
             "strided": rng.integers(0, 9, (n, 4), np.int64)[:, ::2],
+            "fortran": np.asfortranarray(rng.integers(0, 9, (n, 5), np.int16)),
             "nested": (seeds.astype(np.float64) * 2, [b"%d" % len(batch)])}
 
 
 def assert_same_results(got: list, want: list) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        for key in ("u8", "f32", "small", "strided"):
+        for key in ("u8", "f32", "small", "strided", "fortran"):
             assert g[key].dtype == w[key].dtype and np.array_equal(g[key], w[key]), key
         assert np.array_equal(g["nested"][0], w["nested"][0]) and g["nested"][1] == w["nested"][1]
 
