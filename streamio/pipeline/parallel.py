@@ -277,7 +277,10 @@ def _preload(ctx: Any, fn_bytes: bytes) -> None:
     itself, every epoch, in each of the ``k`` children: on a 2-core machine that is a tenth of an
     epoch of 1,000 images. Imported once in the server, they come with every fork for free. Only
     effective before the server starts (the first process map of this program); names already
-    set with ``set_forkserver_preload`` are kept.
+    set with ``set_forkserver_preload`` are kept. Only streamio's own modules (and the libraries
+    they name) are preloaded: a user's module may import something that starts threads (TensorFlow
+    does), and a fork of a server with threads could inherit a held lock; such modules are
+    imported by each child after its fork, as before.
     """
     from multiprocessing import forkserver
 
@@ -294,13 +297,14 @@ def _preload(ctx: Any, fn_bytes: bytes) -> None:
 
 
 def _pickled_modules(fn_bytes: bytes) -> list:
-    """The modules, already imported here, whose globals ``fn``'s pickle names (its function,
-    the classes of the objects bound to it). A module may name optional libraries it imports
-    lazily in ``_FORKSERVER_PRELOAD`` (the image codecs do); those that are missing are skipped."""
+    """streamio's modules, already imported here, whose globals ``fn``'s pickle names (its
+    function, the classes of the objects bound to it: a decoder's). A module may name optional
+    libraries it imports lazily in ``_FORKSERVER_PRELOAD`` (the image codecs do); the server
+    skips those that are missing."""
     found: list = ["streamio.pipeline.parallel"]
     for _, arg, _ in pickletools.genops(fn_bytes):
-        if (isinstance(arg, str) and arg in sys.modules and arg not in found
-                and arg not in ("__main__", "__mp_main__", "builtins")):
+        if (isinstance(arg, str) and arg.startswith("streamio.") and arg in sys.modules
+                and arg not in found):
             found.append(arg)
     return found
 
