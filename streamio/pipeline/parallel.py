@@ -413,14 +413,14 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
             # carries the rest of the pickle and where the buffers lie.
             payload, buffers, spans, total = dump_results(results)
             segment_name = (results_out.write(slot, result_name, buffers, spans, total)
-                            if buffers else None)
+                            if buffers else results_out.name(slot))
             del buffers
             conn.send_bytes(pickle.dumps((tid, segment_name, payload, spans, failure, busy),
                                          pickle.HIGHEST_PROTOCOL))
         except Exception as exc:  # noqa: BLE001 - e.g. results that do not pickle
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            conn.send_bytes(pickle.dumps(
-                (tid, None, pickle.dumps([]), [], (0, _portable(exc), text), busy)))
+            conn.send_bytes(pickle.dumps((tid, results_out.name(slot), pickle.dumps([]), [],
+                                          (0, _portable(exc), text), busy)))
 
 
 class _Processes:

@@ -92,6 +92,12 @@ class ChildResults:
             del view
         return segment.name
 
+    def name(self, slot: int) -> Optional[str]:
+        """The slot's segment now (reported with every result, even a failure, so that the
+        parent knows every segment there is to unlink)."""
+        segment = self.segments.get(slot)
+        return None if segment is None else segment.name
+
     def close(self) -> None:
         """Unmap (the parent unlinks: it may still have a result to read from them)."""
         for segment in self.segments.values():
@@ -104,10 +110,13 @@ class ParentResults:
 
     def __init__(self) -> None:
         self.attached: dict = {}  # (child, slot) -> SharedMemory, the slot's current segment
+        self.reported: dict = {}  # (child, slot) -> the name its child last reported
 
     def load(self, key: tuple, name: Optional[str], payload: bytes, spans: list) -> Any:
         """The results of one message; buffers are copied out, so the slot can be reused."""
-        if name is None:
+        if name is not None:
+            self.reported[key] = name
+        if not spans:
             return pickle.loads(payload)
         segment = self.attached.get(key)
         if segment is None or segment.name != name:
@@ -124,7 +133,9 @@ class ParentResults:
     def close(self, leftovers: Iterable[str]) -> None:
         """Unmap every segment and unlink it and every name in ``leftovers`` that exists
         (call once the children are gone)."""
-        names = {segment.name for segment in self.attached.values()} | set(leftovers)
+        names = ({segment.name for segment in self.attached.values()}
+                 | set(self.reported.values()) | set(leftovers))
+        self.reported.clear()
         for segment in self.attached.values():
             segment.close()
         self.attached.clear()
