@@ -419,3 +419,38 @@ def test_image_record_skips_bad_headers_and_bad_images_naming_each_record():
     assert "record 22," in messages[1] and "decodable image" in messages[1]
     with pytest.raises(DecodeError, match="record 22"):
         ImageRecord(size=8).decode_batch(records[1:], first_index=21)
+
+
+def test_dct_scaling_uses_only_the_fast_scales(monkeypatch):
+    """1/2, 1/4 and 1/8 (SIMD IDCTs in libjpeg-turbo) or the full size, never 3/4 or 5/8 (its
+    plain-C IDCTs, slower than a full decode)."""
+    codecs = image_module._Codecs.load()
+    if codecs.simplejpeg is None:
+        pytest.skip("simplejpeg is not installed")
+    real = codecs.simplejpeg
+    shapes = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def decode_jpeg(self, data, **kwargs):
+            pixels = real.decode_jpeg(data, **kwargs)
+            shapes.append(pixels.shape[:2])
+            return pixels
+
+    monkeypatch.setattr(codecs, "simplejpeg", Spy())
+    photo = encode(picture(3, 375, 500), "JPEG", quality=90)
+    big = encode(picture(9, 480, 640), "JPEG", quality=92)
+    Image(resize=256, crop=224).decode(photo)  # needs 0.68 of it: 3/4 would do, full is faster
+    Image(size=64).decode(big)                 # needs 0.15: 1/4
+    Image(size=120).decode(big)                # needs 0.25: 1/4 exactly
+    Image(size=30).decode(big)                 # needs 0.0625: 1/8 is the smallest
+    assert shapes == [(375, 500), (120, 160), (120, 160), (60, 80)]
+
+
+def test_decoded_images_are_writable_arrays_of_their_own():
+    for image in (Image(size=16).decode(JPEGS[0]), Image().decode(PNGS[0]),
+                  Image().decode_batch(JPEGS)["image"][1], Image(size=16).decode_batch(PNGS)["image"]):
+        # torch.from_numpy takes them without a copy or a warning about read-only memory
+        assert image.flags.writeable and image.flags.c_contiguous

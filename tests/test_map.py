@@ -337,3 +337,136 @@ def test_a_map_behind_prefetch_is_cleaned_up_too(path, backend):
     it.close()
     assert_clean(before)
     assert [t for t in threading.enumerate() if "prefetch" in t.name.lower()] == []
+
+
+# -- results through shared memory (process backend) ---------------------------------------------
+def arrays_of(batch: list) -> dict:
+    """Large arrays (out of band), a small one and a strided one (in band), sized by the batch,
+    with contents that depend on every record: a mixed-up result shows."""
+    seeds = np.array([zlib.crc32(r) for r in batch], np.uint32)
+    rng = np.random.default_rng(seeds)
+    n = len(batch) * 600  # bigger batches, bigger results: the result segments must grow
+    return {"u8": rng.integers(0, 256, (n, 37), np.uint8),
+            "f32": rng.standard_normal(n).astype(np.float32),
+            "small": seeds.copy(),
+            "strided": rng.integers(0, 9, (n, 4), np.int64)[:, ::2],
+            "fortran": np.asfortranarray(rng.integers(0, 9, (n, 5), np.int16)),
+            "nested": (seeds.astype(np.float64) * 2, [b"%d" % len(batch)])}
+
+
+def assert_same_results(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for key in ("u8", "f32", "small", "strided", "fortran"):
+            assert g[key].dtype == w[key].dtype and np.array_equal(g[key], w[key]), key
+        assert np.array_equal(g["nested"][0], w["nested"][0]) and g["nested"][1] == w["nested"][1]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_process_map_returns_arrays_that_the_consumer_owns(path, ordered):
+    """Arrays come back equal, writable, and stay intact while later batches arrive through the
+    same (reused, then grown) result segments."""
+    before = shm_names()
+    ds = Dataset(path, "tfrecord").batch(40)
+    want = [arrays_of(b) for b in ds]
+    got = list(ds.map(arrays_of, num_parallel=2, backend="process", ordered=ordered))
+    if not ordered:  # every batch exactly once, in any order: compare in input order
+        position = {tuple(w["small"].tolist()): i for i, w in enumerate(want)}
+        got.sort(key=lambda r: position[tuple(r["small"].tolist())])
+    assert_same_results(got, want)
+    for result in got:  # ordinary arrays: writable, not views into a segment reused later
+        result["u8"][:] = 0
+        assert result["u8"].flags.writeable and result["f32"].flags.writeable
+    assert_same_results([arrays_of(b) for b in ds], want)
+    assert_clean(before)
+
+
+def test_process_map_results_of_growing_size(tmp_path):
+    """A later, larger result than the slot's segment holds gets a new segment; the old one
+    is unlinked (nothing accumulates in /dev/shm while the epoch runs)."""
+    records = [bytes([i]) * (1 + i) for i in range(60)]
+    path = str(tmp_path / "grow.tfrecord")
+    streamio.write_records(path, "tfrecord", records)
+    before = shm_names()
+    peak = 0
+    got = []
+    for result in Dataset(path, "tfrecord").batch(1).map(big_result, num_parallel=2,
+                                                         backend="process"):
+        got.append(result)
+        peak = max(peak, len(shm_names() - before))
+    assert [int(r[0]) for r in got] == list(range(60))
+    assert [r.nbytes for r in got] == [(1 + i) * 50_000 for i in range(60)]
+    assert all((r == r[0]).all() for r in got)
+    # 2 children x 2 slots x (an input and a result segment) at most
+    assert peak <= 8
+    assert_clean(before)
+
+
+def big_result(batch: list) -> np.ndarray:
+    record = batch[0]
+    return np.full(len(record) * 50_000, record[0], np.uint8)
+
+
+def big_pid(record: bytes) -> np.ndarray:
+    time.sleep(0.01)
+    return np.full(100_000, os.getpid(), np.int64)
+
+
+def test_a_map_process_killed_with_results_in_shared_memory_leaves_nothing(path):
+    before = shm_names()
+    it = iter(Dataset(path, "tfrecord").map(big_pid, num_parallel=2, backend="process"))
+    first = next(it)
+    assert shm_names() - before  # result segments exist
+    os.kill(int(first[0]), signal.SIGKILL)
+    with pytest.raises(MapError, match="died"):
+        for _ in it:
+            pass
+    assert_clean(before)
+
+
+@pytest.mark.parametrize("how", ["break", "close"])
+def test_leaving_early_with_large_results_frees_result_segments(path, how):
+    before = shm_names()
+    it = iter(Dataset(path, "tfrecord").batch(20).map(arrays_of, num_parallel=2,
+                                                      backend="process"))
+    kept = [next(it) for _ in range(3)]
+    if how == "close":
+        it.close()
+    else:
+        del it
+    assert_clean(before)
+    # what was delivered before stays valid after the segments are gone
+    want = [arrays_of(b) for b in list(Dataset(path, "tfrecord").batch(20))[:3]]
+    assert_same_results(kept, want)
+
+
+def fails_after_arrays(batch: list) -> np.ndarray:
+    if zlib.decompress(batch[0]).startswith(b"record 00040 "):
+        raise ValueError("batch at record 40")
+    return np.full(200_000, len(batch), np.uint8)
+
+
+def test_error_after_array_results_keeps_earlier_results_and_names_position(path):
+    before = shm_names()
+    got = []
+    with pytest.raises(MapError) as info:
+        for result in Dataset(path, "tfrecord").batch(10).map(fails_after_arrays,
+                                                               num_parallel=2, backend="process"):
+            got.append(result)
+    assert len(got) == 4 and all(r.nbytes == 200_000 and (r == 10).all() for r in got)
+    assert info.value.item_index == 4
+    assert "batch at record 40" in str(info.value.__cause__)
+    assert_clean(before)
+
+
+def test_forkserver_preload_names_the_modules_fn_needs():
+    import pickle
+
+    from streamio.pipeline.parallel import _pickled_modules
+
+    decoder = streamio.ImageRecord(size=32)
+    modules = _pickled_modules(pickle.dumps(decoder.decode_batch, pickle.HIGHEST_PROTOCOL))
+    assert "streamio.decoders.image" in modules
+    # a user's module is imported by each child, never by the shared server (it may start threads)
+    assert _pickled_modules(pickle.dumps(inflate, pickle.HIGHEST_PROTOCOL)) == [
+        "streamio.pipeline.parallel"]

@@ -29,8 +29,10 @@ picklable (a module-level function, a ``functools.partial``, a decoder's bound m
 checked when ``map()`` is called. Records go to a child through shared memory: each child has
 two slots (its two queued tasks), each a segment the parent creates once, reuses for task after
 task (grown when a task needs more) and unlinks when the stage closes; a task's records are
-written end to end and only their lengths travel through the pipe. Results come back pickled,
-one message per task.
+written end to end and only their lengths travel through the pipe. Results come back the same
+way, one message per task: their large buffers (numpy arrays) through a result segment per slot
+that the child creates and reuses, the rest pickled (see :mod:`.shm_results`); the parent copies
+each buffer out once, so the consumer owns ordinary arrays and the slot is free again.
 
 Seeds: with ``map(..., seed=s)`` the function is called as ``fn(item, rng)``; ``rng`` is a
 ``numpy.random.Generator`` from :func:`item_rng`, derived from ``(s, epoch, record)`` for
@@ -48,7 +50,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import pickletools
 import secrets
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -58,6 +62,7 @@ from typing import Any, Callable, Iterator, Literal, Optional
 import numpy as np
 
 from ..errors import FormatError, MapError, UsageError, UsageTypeError
+from .shm_results import ChildResults, ParentResults, dump_results
 
 __all__ = ["MAX_INFLIGHT_BYTES", "MapBackend", "TASK_BYTES", "TASK_ITEMS", "filter_blocks",
            "item_rng", "map_blocks"]
@@ -256,9 +261,52 @@ class _Threads:
 
 
 # -- processes -------------------------------------------------------------------------------------
-def _process_context() -> Any:
+def _process_context(fn_bytes: bytes) -> Any:
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    _preload(ctx, fn_bytes)
+    return ctx
+
+
+def _preload(ctx: Any, fn_bytes: bytes) -> None:
+    """Have the forkserver import what ``fn`` needs before it forks its first child.
+
+    A child otherwise imports ``fn``'s modules (numpy, streamio, the image codecs: ~0.5 s of CPU)
+    itself, every epoch, in each of the ``k`` children: on a 2-core machine that is a tenth of an
+    epoch of 1,000 images. Imported once in the server, they come with every fork for free. Only
+    effective before the server starts (the first process map of this program); names already
+    set with ``set_forkserver_preload`` are kept. Only streamio's own modules (and the libraries
+    they name) are preloaded: a user's module may import something that starts threads (TensorFlow
+    does), and a fork of a server with threads could inherit a held lock; such modules are
+    imported by each child after its fork, as before.
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the process-wide server behind the context
+    if getattr(server, "_forkserver_pid", None) is not None:
+        return  # already running: its modules are fixed
+    modules = _pickled_modules(fn_bytes)
+    for name in list(modules):
+        modules.extend(getattr(sys.modules[name], "_FORKSERVER_PRELOAD", ()))
+    current = list(getattr(server, "_preload_modules", ["__main__"]))
+    wanted = current + [m for m in dict.fromkeys(modules) if m not in current]
+    if wanted != current:
+        ctx.set_forkserver_preload(wanted)
+
+
+def _pickled_modules(fn_bytes: bytes) -> list:
+    """streamio's modules, already imported here, whose globals ``fn``'s pickle names (its
+    function, the classes of the objects bound to it: a decoder's). A module may name optional
+    libraries it imports lazily in ``_FORKSERVER_PRELOAD`` (the image codecs do); the server
+    skips those that are missing."""
+    found: list = ["streamio.pipeline.parallel"]
+    for _, arg, _ in pickletools.genops(fn_bytes):
+        if (isinstance(arg, str) and arg.startswith("streamio.") and arg in sys.modules
+                and arg not in found):
+            found.append(arg)
+    return found
 
 
 class _RemoteTraceback(Exception):
@@ -321,14 +369,17 @@ def _child_main(conn: Any, fn_bytes: bytes, seeds: Optional[_Seeds]) -> None:
     """A map process: tasks in, results out, until told to stop or the parent goes away."""
     fn = pickle.loads(fn_bytes)
     attached: dict = {}  # slot -> its segment, mapped once and kept while the parent reuses it
+    results_out = ChildResults()
     try:
-        _serve_tasks(conn, fn, seeds, attached)
+        _serve_tasks(conn, fn, seeds, attached, results_out)
     finally:
         for segment in attached.values():
             segment.close()
+        results_out.close()
 
 
-def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dict) -> None:
+def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dict,
+                 results_out: ChildResults) -> None:
     while True:
         try:
             message = conn.recv()
@@ -336,7 +387,7 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
             return  # the parent is gone or stopping us
         if message is None:
             return
-        tid, slot, name, size, shape, lengths, records, first = message
+        tid, slot, name, size, shape, lengths, records, first, result_name = message
         t0 = time.perf_counter()
         try:
             # The parent owns (and unlinks) the segments; a slot's segment changes name only
@@ -358,10 +409,18 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             failure = (position, _portable(exc), text)
         try:
-            conn.send((tid, results, failure, busy))
+            # Large buffers (numpy arrays) go through the slot's result segment; the pipe
+            # carries the rest of the pickle and where the buffers lie.
+            payload, buffers, spans, total = dump_results(results)
+            segment_name = (results_out.write(slot, result_name, buffers, spans, total)
+                            if buffers else results_out.name(slot))
+            del buffers
+            conn.send_bytes(pickle.dumps((tid, segment_name, payload, spans, failure, busy),
+                                         pickle.HIGHEST_PROTOCOL))
         except Exception as exc:  # noqa: BLE001 - e.g. results that do not pickle
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            conn.send((tid, [], (0, _portable(exc), text), busy))
+            conn.send_bytes(pickle.dumps((tid, results_out.name(slot), pickle.dumps([]), [],
+                                          (0, _portable(exc), text), busy)))
 
 
 class _Processes:
@@ -375,8 +434,8 @@ class _Processes:
         self.max_tasks = 2 * k
         # Named for the process that owns them, so a leftover is easy to attribute.
         self.prefix = f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
-        ctx = _process_context()
         fn_bytes = pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
+        ctx = _process_context(fn_bytes)
         self.conns: list = []
         self.procs: list = []
         self.queued: list = []  # per child: deque of task ids sent to it
@@ -387,6 +446,7 @@ class _Processes:
         self.generation = 0
         self.tasks: dict = {}  # tid -> (task, child, slot)
         self.finished: dict = {}  # tid -> _Outcome, waiting for its turn
+        self.results = ParentResults()
         try:
             for _ in range(k):
                 parent, child = ctx.Pipe(duplex=True)
@@ -427,11 +487,17 @@ class _Processes:
         # never waits on a child that is itself waiting to send its results.
         try:
             self.conns[child].send((task.tid, slot, segment.name, size, shape, lengths,
-                                    task.records, task.first))
+                                    task.records, task.first, self._result_name(child, slot,
+                                                                                task.tid)))
         except OSError:
             self.procs[child].join(_EXIT_GRACE_S)
             raise self._died(child) from None
         self.queued[child].append(task.tid)
+
+    def _result_name(self, child: int, slot: int, tid: int) -> str:
+        # The name the child gives a result segment it creates for this task: known here
+        # first, so close() can unlink it even if the child dies right after creating it.
+        return f"{self.prefix}{child}-r{slot}-{tid}"
 
     def _died(self, child: int) -> MapError:
         proc = self.procs[child]
@@ -448,7 +514,7 @@ class _Processes:
             child = self.conns.index(item)
             try:
                 while item.poll():
-                    self._file(child, item.recv())
+                    self._file(child, item.recv_bytes())
             except (EOFError, OSError):
                 pass  # it died: reported below through its sentinel
         for item in ready:
@@ -457,10 +523,16 @@ class _Processes:
                 if self.queued[i]:
                     raise self._died(i)
 
-    def _file(self, child: int, message: tuple) -> None:
-        tid, results, failure, busy = message
+    def _file(self, child: int, message: bytes) -> None:
+        tid, segment_name, payload, spans, failure, busy = pickle.loads(message)
+        task, _, slot = self.tasks[tid]
+        # Copied out of the slot's result segment before the slot takes another task.
+        try:
+            results = self.results.load((child, slot), segment_name, payload, spans)
+        except Exception as exc:  # noqa: BLE001 - a result that does not unpickle here
+            results, failure = [], (0, exc, "".join(traceback.format_exception(exc)))
         self.queued[child].remove(tid)
-        task, _, slot = self.tasks.pop(tid)
+        del self.tasks[tid]
         self.free[child].append(slot)
         if failure is not None:
             position, exc, text = failure
@@ -497,6 +569,9 @@ class _Processes:
             proc.join()
         for conn in self.conns:
             conn.close()
+        leftovers = [self._result_name(child, slot, tid)
+                     for tid, (_, child, slot) in self.tasks.items()]
+        self.results.close(leftovers)
         self.conns, self.procs = [], []
         for segment in self.segments.values():
             _release(segment)
