@@ -408,7 +408,7 @@ def format_report(report: dict) -> str:
     lines = [f"{n} JPEGs, {mb:.0f} MB ({info['jpeg_bytes'] / n / 1e3:.0f} KB each), decode +"
              f" resize {RESIZE} + centre crop {CROP} + batch {BATCH}; {cores} cores;"
              f" median of {len(next(iter(report['seconds'].values())))} rounds",
-             f"load average (1, 5, 15 min) before / after: "
+             "load average (1, 5, 15 min) before / after: "
              + " / ".join("?" if la is None else ", ".join(f"{x:.1f}" for x in la)
                           for la in report.get("load", [None, None]))
              + f" (more than {cores} means other work shared the cores: ratios are then noisy)",
