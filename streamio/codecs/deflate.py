@@ -34,6 +34,17 @@ def zlib_header_ok(cmf: int, flg: int) -> bool:
     return cmf & 0x0F == 8 and cmf >> 4 <= 7 and (cmf << 8 | flg) % 31 == 0 and not flg & 0x20
 
 
+def input_windows(chunk: Any) -> Iterator[Any]:
+    """``chunk`` in pieces of at most INPUT_WINDOW bytes (views: nothing is copied)."""
+    size = len(chunk)
+    if size <= INPUT_WINDOW:
+        yield chunk
+        return
+    view = memoryview(chunk).cast("B")
+    for start in range(0, size, INPUT_WINDOW):
+        yield view[start:start + INPUT_WINDOW]
+
+
 def _inflater(wbits: int, backend: Any) -> Any:
     return backend.decompressobj(wbits)
 
@@ -107,12 +118,8 @@ class ZlibCodec:
             return
         if len(self._head) < HEAD_BYTES:
             self._head += bytes(chunk[:HEAD_BYTES - len(self._head)])
-        if size <= INPUT_WINDOW:
-            yield from self._decode_window(chunk)
-            return
-        view = memoryview(chunk).cast("B")
-        for start in range(0, size, INPUT_WINDOW):
-            yield from self._decode_window(view[start:start + INPUT_WINDOW])
+        for window in input_windows(chunk):
+            yield from self._decode_window(window)
 
     def _decode_window(self, window: Any) -> Iterator[Union[bytes, bytearray]]:
         size = len(window)
@@ -162,4 +169,4 @@ class ZlibCodec:
             raise self._fault(TruncatedStreamError, "compressed stream ends early (cut short?)")
 
 
-__all__ = ["GZIP_MAGIC", "INPUT_WINDOW", "MAX_PIECE", "ZlibCodec", "zlib_header_ok"]
+__all__ = ["GZIP_MAGIC", "INPUT_WINDOW", "MAX_PIECE", "input_windows", "ZlibCodec", "zlib_header_ok"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..errors import CorruptRecordError, MissingDependencyError, TruncatedStreamError
-from .deflate import INPUT_WINDOW, MAX_PIECE
+from .deflate import MAX_PIECE, input_windows
 
 
 def zstd_module() -> Any:
@@ -57,13 +57,9 @@ class ZstdCodec:
             return
         if len(self._head) < 16:
             self._head += bytes(chunk[:16 - len(self._head)])
-        if size <= INPUT_WINDOW:
-            yield from self._decode_window(chunk)
-            return
         # In windows, as for gzip: a frame's end copies the rest of the input (unused_data).
-        view = memoryview(chunk).cast("B")
-        for start in range(0, size, INPUT_WINDOW):
-            yield from self._decode_window(view[start:start + INPUT_WINDOW])
+        for window in input_windows(chunk):
+            yield from self._decode_window(window)
 
     def _decode_window(self, data: Any) -> Iterator[bytes]:
         self._in += len(data)

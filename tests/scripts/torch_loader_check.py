@@ -26,9 +26,10 @@ FILE_SIZES = [37, 50, 13, 41, 29, 30]  # uneven on purpose: 200 records in 6 fil
 DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32")})
 
 
-def write_files(workdir):
+def write_files(workdir, sizes=FILE_SIZES):
+    """TFRecord files of Examples {id, x = [id] * 4}, ids counting on across the files."""
     paths, first = [], 0
-    for k, n in enumerate(FILE_SIZES):
+    for k, n in enumerate(sizes):
         path = os.path.join(workdir, f"part-{k}.tfrecord")
         streamio.write_records(path, "tfrecord", (
             encode_example({"id": i, "x": np.full(4, i, np.float32)})

@@ -8,7 +8,6 @@ usage: torch_transport_check.py WORKDIR
 """
 
 import json
-import os
 import sys
 import warnings
 
@@ -16,10 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-import streamio
 from streamio.decoders import Example, FixedLen
-from streamio.decoders import encode_example
 from streamio.pipeline import Dataset
+from torch_loader_check import write_files  # the same files (this folder is sys.path[0])
 
 DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32")})
 SIZES = [90, 70, 40]
@@ -84,14 +82,7 @@ def same_rows(got, expected):
 
 
 def main(workdir):
-    paths, first = [], 0
-    for k, n in enumerate(SIZES):
-        path = os.path.join(workdir, f"part-{k}.tfrecord")
-        streamio.write_records(path, "tfrecord", (
-            encode_example({"id": i, "x": np.full(4, i, np.float32)})
-            for i in range(first, first + n)))
-        paths.append(path)
-        first += n
+    paths = write_files(workdir, SIZES)
     report = {}
     for case, fn, collate in (("small", narrow, None), ("wide", widen, None),
                               ("collate", narrow, check_collate)):
