@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import random
 import struct
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -448,24 +450,10 @@ example_specs = st.lists(st.tuples(st.sampled_from(EXAMPLE_KEYS), st.integers(1,
                          max_size=4)
 
 
-def _normalize(value):
-    import numpy as np
-
-    if isinstance(value, np.ndarray):
-        return ("array", value.dtype.str, value.shape, value.tobytes(), value.flags.writeable)
-    return ("list", [bytes(v) for v in value], [type(v) for v in value])
-
-
-def _outcome(fn, *args):
-    from streamio.decoders._wire import WireError
-
-    try:
-        result = fn(*args)
-    except WireError as exc:
-        return ("error", exc.message, exc.index, exc.field)
-    return ("ok",) + tuple(
-        [_normalize(v) for v in part] if isinstance(part, list) else _normalize(part)
-        for part in result)
+# The fuzz harness's oracle: the arrays bit for bit (dtype, shape, writability) or the
+# WireError's message, index and field; one definition for both.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fuzz"))
+from targets import _normalize, outcome as _outcome  # noqa: E402
 
 
 def _example_reference():

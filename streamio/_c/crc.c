@@ -406,7 +406,7 @@ static PyObject *crc_common(PyObject *args, crc_fn fn, const char *fmt)
 PyDoc_STRVAR(crc32c_doc,
 "crc32c(data, value=0) -> int\n\n"
 "CRC-32C of a bytes-like object, continuing from value (as crc32c.crc32c does);\n"
-"uses the SSE4.2 crc32 instruction when the CPU has it.");
+"VPCLMULQDQ folding where the CPU has AVX-512, else the SSE4.2 crc32 instruction, else tables.");
 
 static PyObject *py_crc32c(PyObject *self, PyObject *args)
 {

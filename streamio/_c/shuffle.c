@@ -9,6 +9,21 @@
  * streamio.pipeline.shuffle._ExchangePlan.apply (the reference), without per-item Python work.
  * ------------------------------------------------------------------------------------------- */
 
+/* Nonzero (IndexError set) when a slot is outside a buffer of n, negative slots counting from
+ * the end as numpy reads them. Both kernels check every slot before changing anything. */
+static int slots_out_of_bounds(const int64_t *slots, Py_ssize_t k, Py_ssize_t n)
+{
+    for (Py_ssize_t j = 0; j < k; j++) {
+        int64_t at = slots[j] < 0 ? slots[j] + n : slots[j];
+        if (at < 0 || at >= n) {
+            PyErr_Format(PyExc_IndexError, "slot %lld is out of bounds for a buffer of %zd",
+                         (long long)slots[j], n);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(shuffle_exchange_doc,
 "shuffle_exchange(buf, slots, items) -> list\n\n"
 "For each j in order: emit buf[slots[j]] and put items[j] in its place. buf: a 1-D numpy\n"
@@ -46,14 +61,8 @@ static PyObject *py_shuffle_exchange(PyObject *self, PyObject *args)
         goto done;
     }
     const int64_t *slots = (const int64_t *)slotv.buf;
-    for (Py_ssize_t j = 0; j < k; j++) { /* check first: a failure leaves buf untouched */
-        int64_t at = slots[j] < 0 ? slots[j] + n : slots[j];
-        if (at < 0 || at >= n) {
-            PyErr_Format(PyExc_IndexError, "slot %lld is out of bounds for a buffer of %zd",
-                         (long long)slots[j], n);
-            goto done;
-        }
-    }
+    if (slots_out_of_bounds(slots, k, n)) /* check first: a failure leaves buf untouched */
+        goto done;
     out = PyList_New(k);
     if (out == NULL)
         goto done;
@@ -119,14 +128,8 @@ static PyObject *py_shuffle_exchange_int64(PyObject *self, PyObject *args)
     }
     int64_t *buf = (int64_t *)views[0].buf, *out = (int64_t *)views[3].buf;
     const int64_t *slots = (const int64_t *)views[1].buf, *news = (const int64_t *)views[2].buf;
-    for (Py_ssize_t j = 0; j < k; j++) { /* check first: a failure leaves buf untouched */
-        int64_t at = slots[j] < 0 ? slots[j] + n : slots[j];
-        if (at < 0 || at >= n) {
-            PyErr_Format(PyExc_IndexError, "slot %lld is out of bounds for a buffer of %zd",
-                         (long long)slots[j], n);
-            goto done;
-        }
-    }
+    if (slots_out_of_bounds(slots, k, n)) /* check first: a failure leaves buf untouched */
+        goto done;
     for (Py_ssize_t j = 0; j < k; j++) {
         int64_t at = slots[j] < 0 ? slots[j] + n : slots[j];
         int64_t value = news[j]; /* read first: new and out may be the same array */

@@ -283,6 +283,17 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
         raise UsageError(f"{name} must be an int >= {minimum}, not {value!r}")
 
 
+def _check_rank_pair(rank_name: str, rank: Any, size_name: str, size: Any) -> None:
+    """A rank and its group size: both or neither, ints, the rank below the size."""
+    if (rank is None) != (size is None):
+        raise UsageError(f"pass both {rank_name} and {size_name}, or neither")
+    if size is not None:
+        _check_int(size_name, size, 1)
+        _check_int(rank_name, rank, 0)
+        if rank >= size:
+            raise UsageError(f"{rank_name} {rank} is not below {size_name} {size}")
+
+
 class _EpochCounter:
     """The next epoch number, shared by the main process and every DataLoader worker.
 
@@ -389,21 +400,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
         for name in ("with_context", "shard", "sources"):
             if not hasattr(dataset, name):
                 raise UsageTypeError(f"to_torch needs a streamio Dataset, not {type(dataset).__name__}")
-        if (rank is None) != (world_size is None):
-            raise UsageError("pass both rank and world_size, or neither")
-        if world_size is not None:
-            _check_int("world_size", world_size, 1)
-            _check_int("rank", rank, 0)
-            if rank >= world_size:
-                raise UsageError(f"rank {rank} is not below world_size {world_size}")
-        if (local_rank is None) != (local_world_size is None):
-            raise UsageError("pass both local_rank and local_world_size, or neither")
-        if local_world_size is not None:
-            _check_int("local_world_size", local_world_size, 1)
-            _check_int("local_rank", local_rank, 0)
-            if local_rank >= local_world_size:
-                raise UsageError(f"local_rank {local_rank} is not below local_world_size"
-                                 f" {local_world_size}")
+        _check_rank_pair("rank", rank, "world_size", world_size)
+        _check_rank_pair("local_rank", local_rank, "local_world_size", local_world_size)
         if node_streams not in _NODE_STREAMS:
             raise UsageError(f"node_streams must be one of {_NODE_STREAMS}, not {node_streams!r}")
         self.dataset = dataset
