@@ -149,9 +149,10 @@ def http_server():
 
 
 # `HYPOTHESIS_PROFILE=stress pytest tests/test_formats.py` runs many more examples (bug hunting);
-# the default keeps CI quick.
+# the default keeps CI quick; `quick` is for slow builds (CI's sanitized run, .ci/run).
 from hypothesis import settings as _hsettings  # noqa: E402
 
 _hsettings.register_profile("default", max_examples=150, deadline=None)
 _hsettings.register_profile("stress", max_examples=3000, deadline=None)
+_hsettings.register_profile("quick", max_examples=25, deadline=None)
 _hsettings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
