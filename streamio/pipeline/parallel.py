@@ -62,7 +62,7 @@ from typing import Any, Callable, Iterator, Literal, Optional
 import numpy as np
 
 from ..errors import FormatError, MapError, UsageError, UsageTypeError
-from .shm_results import ChildResults, ParentResults, dump_results
+from .shm_results import ChildResults, ParentResults, attach, dump_results
 
 __all__ = ["MAX_INFLIGHT_BYTES", "MapBackend", "TASK_BYTES", "TASK_ITEMS", "filter_blocks",
            "item_rng", "map_blocks"]
@@ -394,12 +394,7 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
             # when the parent replaced it with a larger one. (Attaching registers the name with
             # the resource tracker, which the child shares with its parent: a set, so the
             # parent's unlink leaves it clean.)
-            segment = attached.get(slot)
-            if segment is None or segment.name != name:
-                if segment is not None:
-                    segment.close()
-                segment = attached[slot] = shared_memory.SharedMemory(name)
-            items = _unpack(segment.buf[:size], shape, lengths)
+            items = _unpack(attach(attached, slot, name).buf[:size], shape, lengths)
             results, failure = _apply(fn, items, records, first, seeds)
         except Exception as exc:  # noqa: BLE001 - reported like a failure of fn on item 0
             results, failure = [], (0, exc)

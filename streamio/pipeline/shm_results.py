@@ -28,7 +28,7 @@ import pickle
 from multiprocessing import shared_memory
 from typing import Any, Iterable, Optional
 
-__all__ = ["OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "dump_results"]
+__all__ = ["OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach", "dump_results"]
 
 #: Buffers at least this large go through shared memory; smaller ones stay in the pickle, where
 #: they cost less than the bookkeeping of a span.
@@ -58,6 +58,22 @@ def dump_results(results: Any) -> tuple[bytes, list, list, int]:
         spans.append((total, raw.nbytes))
         total += -(-raw.nbytes // _ALIGN) * _ALIGN
     return payload, buffers, spans, total
+
+
+def attach(cache: dict, key: Any, name: str) -> shared_memory.SharedMemory:
+    """The segment called ``name``, mapped once and kept in ``cache[key]``.
+
+    Its owner reuses a segment for task after task and replaces it (unlinking the old one) only
+    to grow it, so a new name under ``key`` means the mapped segment is stale: it is unmapped and
+    ``name`` attached in its place. Used by both sides: a map process for its input slots, the
+    parent for the children's result segments.
+    """
+    segment = cache.get(key)
+    if segment is None or segment.name != name:
+        if segment is not None:
+            segment.close()
+        segment = cache[key] = shared_memory.SharedMemory(name)
+    return segment
 
 
 def _capacity(total: int) -> int:
@@ -118,12 +134,7 @@ class ParentResults:
             self.reported[key] = name
         if not spans:
             return pickle.loads(payload)
-        segment = self.attached.get(key)
-        if segment is None or segment.name != name:
-            if segment is not None:
-                segment.close()  # the child replaced it (and unlinked it)
-            segment = self.attached[key] = shared_memory.SharedMemory(name)
-        view = segment.buf
+        view = attach(self.attached, key, name).buf
         try:
             buffers = [bytearray(view[offset:offset + length]) for offset, length in spans]
         finally:
