@@ -11,8 +11,12 @@
 set -eu
 cc=${CC:-gcc}
 root=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d)
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
+scratch=$(mktemp -d)
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$scratch"' EXIT
+work=$scratch/tree
+mkdir "$work"
+# The tests look for the peers' files in ../shared/peer-fixtures, beside the tree.
+[ ! -d "$root/../shared" ] || ln -s "$(cd "$root/../shared" && pwd)" "$scratch/shared"
 cd "$root"
 git ls-files -co --exclude-standard | grep -v '\.so$' | tar -cf - -T - | tar -xf - -C "$work"
 cd "$work"
@@ -23,9 +27,16 @@ if [ "$cc" = clang ]; then
 else
     preload="$($cc -print-file-name=libasan.so) $($cc -print-file-name=libubsan.so)"
 fi
+for lib in $preload; do  # -print-file-name echoes a bare name when it finds no such file
+    [ -f "$lib" ] || { echo "$0: sanitizer runtime $lib not found (clang's is in" \
+        "libclang-rt-dev, which tests/fuzz/build.py --install installs)" >&2; exit 1; }
+done
 CC="$cc" CFLAGS="$san -O1 -g" LDSHARED="$cc -shared $san" \
     python setup.py build_ext --inplace -q >/dev/null
+export LD_PRELOAD="$preload" PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 \
+    UBSAN_OPTIONS=print_stacktrace=1 PYTHONPATH="$work"
+# The extension is optional (setup.py): a failed build leaves none, and the tests would skip.
+python -c 'import sys, streamio._speedups as s; sys.exit(not s.__file__.startswith(sys.argv[1]))' \
+    "$work/" || { echo "$0: the sanitized streamio._speedups did not build or import" >&2; exit 1; }
 [ $# -gt 0 ] || set -- tests/test_speedups.py tests/test_speedups_hostile.py
-LD_PRELOAD="$preload" PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 \
-UBSAN_OPTIONS=print_stacktrace=1 PYTHONPATH="$work" \
-    python -m pytest -q -s -p no:cacheprovider "$@"
+python -m pytest -q -s -p no:cacheprovider "$@"

@@ -10,7 +10,8 @@ the in-place build under ``streamio/`` is never touched. ``<out>/modules.json`` 
 module name to its ``.so``, for ``tests/fuzz/sanitized.py`` to load.
 
 ``--install`` first installs what is missing: clang (apt-get, as root) and atheris (pip; the
-atheris wheel ships libFuzzer and the ASan/UBSan runtime as ``asan_with_fuzzer.so``).
+atheris wheel ships libFuzzer and the ASan/UBSan runtime as ``asan_with_fuzzer.so``), and
+clang's own shared ASan runtime, for ``CC=clang tests/run_sanitized.sh`` (CI runs both).
 """
 
 from __future__ import annotations
@@ -61,13 +62,14 @@ def extensions_from_setup_py() -> list:
 
 def install_missing() -> None:
     if shutil.which("clang") is None:
-        if os.geteuid() != 0:
-            sys.exit("clang is missing: apt-get install clang (needs root)")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
         # llvm: llvm-symbolizer, so sanitizer reports name files and lines
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "clang",
-                        "llvm"], check=True, env=env, stdout=subprocess.DEVNULL)
+        apt_install("clang", "llvm")
+    if clang_asan_runtime() is None:
+        if os.geteuid() == 0:
+            apt_install("libclang-rt-dev")
+        else:  # the fuzz build does not need it
+            print("note: clang's ASan runtime is missing (apt-get install libclang-rt-dev, as "
+                  "root); CC=clang tests/run_sanitized.sh needs it", file=sys.stderr)
     try:
         import atheris  # noqa: F401
     except ImportError:  # the "fuzz" extra of setup.py says which atheris
@@ -110,6 +112,24 @@ def build(out: Path) -> dict:
             sys.exit(f"the build did not produce {path} for {name}")
     (out / "modules.json").write_text(json.dumps(modules, indent=1) + "\n")
     return modules
+
+
+def apt_install(*packages: str) -> None:
+    if os.geteuid() != 0:
+        sys.exit(f"missing: apt-get install {' '.join(packages)} (needs root)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def clang_asan_runtime() -> str | None:
+    """clang's shared ASan runtime, which ``CC=clang tests/run_sanitized.sh`` preloads (the fuzz
+    build uses atheris's), or None: Debian 12 ships it in libclang-rt-dev, which clang only
+    recommends."""
+    found = subprocess.run(["clang", "-print-file-name=libclang_rt.asan-x86_64.so"],
+                           capture_output=True, text=True).stdout.strip()
+    return found if os.path.isabs(found) and os.path.isfile(found) else None  # else a bare name
 
 
 def main(argv: list | None = None) -> int:
