@@ -10,7 +10,9 @@ cached (``--cache-dir``, default ``./bench-images``, gitignored) as
 * (c) loose JPEG files in ``class_k/`` folders, for the ImageFolder baseline.
 
 Every case decodes each image, resizes the short side to 256 and centre-crops 224x224 (uint8
-HWC), in batches of 64, and counts images and labels. Cases (alternating over ``--rounds``):
+HWC), in batches of 64, and counts images and labels. Cases (alternating over ``--rounds``, in
+reverse order every other round, so that a steady drift in the machine's speed, which a shared
+cloud VM has, weighs on both sides of every ratio alike):
 
 * streamio, one FIFO fed by a writer process, for (a) and (b): one decoder (``decoder=`` on the
   Dataset, decoding in the reading thread), then 2 decoders as threads and as processes via
@@ -385,8 +387,10 @@ def run(images: int, rounds: int, cache_dir: str, tmpdir: str, log: Callable[[st
     cases["raw decode in memory, 1 thread (reference)"] = lambda: _time_limit(jpegs, True)
     seconds: dict = {name: [] for name in cases}
     cpu: dict = {name: [] for name in cases}
+    names = list(cases)
     for r in range(rounds):
-        for name, case in cases.items():
+        for name in (names if r % 2 == 0 else names[::-1]):
+            case = cases[name]
             c0 = _cpu_seconds()
             s, n, label_sum = case()
             cpu[name].append(_cpu_seconds() - c0)

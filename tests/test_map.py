@@ -374,7 +374,7 @@ def test_process_map_returns_arrays_that_the_consumer_owns(path, ordered):
         position = {tuple(w["small"].tolist()): i for i, w in enumerate(want)}
         got.sort(key=lambda r: position[tuple(r["small"].tolist())])
     assert_same_results(got, want)
-    for result in got:  # ordinary arrays: writable, not views into a segment reused later
+    for result in got:  # writable, and never overwritten by a later result (lent or copied)
         result["u8"][:] = 0
         assert result["u8"].flags.writeable and result["f32"].flags.writeable
     assert_same_results([arrays_of(b) for b in ds], want)
@@ -395,20 +395,76 @@ def test_process_map_results_of_growing_size(tmp_path):
     got = []
     for result in Dataset(path, "tfrecord").batch(1).map(same_size_result, num_parallel=2,
                                                          backend="process"):
-        got.append(result)
+        got.append((int(result[0]), result.nbytes, bool((result == result[0]).all())))
+        del result  # given back to its child, which reuses it or replaces it to grow
         peak = max(peak, len(shm_names() - before))
-    assert [int(r[0]) for r in got] == list(range(24))
-    assert [r.nbytes for r in got] == [len(record) for record in records]
-    assert all((r == r[0]).all() for r in got)
-    # 2 children x 2 slots x (an input and a result segment), and one more per child while it
-    # replaces a result segment (it creates the new one, then unlinks the old one); children
-    # that kept their replaced result segments until the end reach about 19 here
-    assert peak <= 8 + 2
+    assert got == [(i, len(record), True) for i, record in enumerate(records)]
+    # Per child: 2 input slots, results of its tasks in flight or read ahead (2), lent (LEASES)
+    # or about to be given back, and one more while it replaces a result segment (it creates
+    # the new one, then unlinks the old one); children that kept their replaced result
+    # segments until the end reach 20 and more here
+    from streamio.pipeline.shm_results import LEASES
+    assert peak <= 2 * (2 + 2 + LEASES + 1), peak
     assert_clean(before)
 
 
 def same_size_result(batch: list) -> np.ndarray:
     return np.frombuffer(batch[0], np.uint8).copy()
+
+
+def lent_from_shared_memory(array: np.ndarray) -> bool:
+    """True when ``array`` views a segment the map lends (no copy): its base is a view of an
+    mmap of /dev/shm, not memory of this process's own."""
+    import mmap
+
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+def record_array(record: bytes) -> np.ndarray:
+    """40 KB (out of band) that depend on the record."""
+    return np.full(10_000, zlib.crc32(record), np.uint32)
+
+
+def test_process_map_lends_results_while_the_consumer_keeps_a_few(path):
+    """A consumer that keeps its last few results (a prefetch queue, a training step) gets every
+    one without a copy once it lets go of older ones, and a kept result is never overwritten by a
+    later one, even after the consumer wrote into it; one that keeps more than the lending limit
+    gets copies past it, still intact. (Tasks are 64 records: the results of one task share a
+    segment, lent until the last of them is dropped.)"""
+    from streamio.pipeline.shm_results import LEASES
+
+    want = [zlib.crc32(r) for r in RECORDS] * 4
+    for keep in (1, 64 * (2 * LEASES + 1)):
+        before = shm_names()
+        window: list = []
+        lent = []
+        peak = 0
+        for i, result in enumerate(Dataset([path] * 4, "tfrecord").map(
+                record_array, num_parallel=2, backend="process")):
+            lent.append(lent_from_shared_memory(result))
+            peak = max(peak, len(shm_names() - before))
+            assert result.flags.writeable
+            window.append((i, result))
+            if len(window) > keep:
+                j, old = window.pop(0)
+                assert (old == want[j]).all(), j  # intact after later results came
+                old[:] = 7  # the consumer's own now; must not reach a later result
+                del old
+            del result
+        assert len(lent) == len(want)
+        assert all((r == want[j]).all() for j, r in window)
+        # Segments are reused, not piling up: per process its 2 input slots, and results lent,
+        # in flight or read ahead, and being given back.
+        assert peak <= 2 * (2 + LEASES + 4), peak
+        if keep == 1:
+            assert all(lent), lent.index(False)  # given back and lent again, task after task
+        else:
+            assert any(lent) and not all(lent), lent
+        del window
+        assert_clean(before)
 
 
 def big_pid(record: bytes) -> np.ndarray:

@@ -84,6 +84,20 @@ class Job:
             [sys.executable, SCRIPT, "write", path, data, str(epochs), markers, str(ranks)]))
         return path, markers
 
+    def torchrun(self, name: str, nproc: int, source: str, *args: object) -> None:
+        """``nproc`` ranks started by a real ``torchrun`` launcher (one node, its store and
+        process group on 127.0.0.1): it sets every variable a rank reads, as in a training job."""
+        out = self.out_of(name + "/{rank}")
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--node-rank=0",
+             f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+             f"--master-port={free_port()}", "--local-addr=127.0.0.1", "--max-restarts=0",
+             SCRIPT, "rank", out, source, *map(str, args)], env=clean_env())
+        self.procs.append(launcher)
+        for r in range(nproc):
+            self.outs[f"{name}/{r}"] = out.replace("{rank}", str(r))
+            self.ranks[f"{name}/{r}"] = launcher
+
     def out_of(self, name: str) -> str:
         return str(self.tmp / (name.replace("/", "-") + ".json"))
 
@@ -145,7 +159,9 @@ def served(tmp_path_factory, data):
       (ranks 0-1 node 0, ranks 2-3 node 1); "replicated": both carry the same records and each
       node keeps its half; "sharded": each carries its own and each node keeps all;
     - ``ddp``: a gloo process group, 3 workers per rank and ``to_device(even_batches="pad")``:
-      the ranks step in lockstep (one all-reduce per batch) while sharing the FIFO, two epochs.
+      the ranks step in lockstep (one all-reduce per batch) while sharing the FIFO, two epochs;
+    - ``torchrun``: the same under a real ``torchrun`` launcher (2 ranks x 2 workers, a
+      PipeChannel), to_torch() without arguments: what a training script on a SageMaker host runs.
     """
     job = Job(tmp_path_factory.mktemp("served"))
     try:
@@ -173,6 +189,7 @@ def served(tmp_path_factory, data):
             job.rank(f"ddp/{r}", source, "--workers", 3, "--ddp", "pad",
                      env=clean_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2,
                                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+        job.torchrun("torchrun", 2, job.channel("torchrun", data["a"]), "--workers", 2)
         yield job.results(seconds=400)
     finally:
         job.close()
@@ -212,6 +229,14 @@ def test_ranks_in_lockstep_under_a_process_group_finish_every_epoch_evenly(serve
         for result in results.values():
             seen.update(result["epochs"][epoch])
         assert seen == set(range(N)), f"epoch {epoch}"
+
+
+def test_ranks_started_by_torchrun_share_one_pipe_channel(served):
+    """No variable set by hand: torchrun's own environment places the ranks on one host."""
+    results = group(served, "torchrun")
+    assert len(results) == 2
+    assert_exactly_once(results, set(range(N)))
+    assert all(r["torchrun"] for r in results.values())
 
 
 @pytest.fixture(scope="module")

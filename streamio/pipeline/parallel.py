@@ -30,9 +30,10 @@ checked when ``map()`` is called. Records go to a child through shared memory: e
 two slots (its two queued tasks), each a segment the parent creates once, reuses for task after
 task (grown when a task needs more) and unlinks when the stage closes; a task's records are
 written end to end and only their lengths travel through the pipe. Results come back the same
-way, one message per task: their large buffers (numpy arrays) through a result segment per slot
-that the child creates and reuses, the rest pickled (see :mod:`.shm_results`); the parent copies
-each buffer out once, so the consumer owns ordinary arrays and the slot is free again.
+way, one message per task: their large buffers (numpy arrays) through a result segment that the
+child creates and reuses, the rest pickled (see :mod:`.shm_results`); the consumer gets arrays
+that view the segment, lent until it drops them (no copy), or, past :data:`.shm_results.LEASES`
+results of one child in its hands, arrays copied out of it.
 
 Seeds: with ``map(..., seed=s)`` the function is called as ``fn(item, rng)``; ``rng`` is a
 ``numpy.random.Generator`` from :func:`item_rng`, derived from ``(s, epoch, record)`` for
@@ -387,7 +388,9 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
             return  # the parent is gone or stopping us
         if message is None:
             return
-        tid, slot, name, size, shape, lengths, records, first, result_name = message
+        (tid, slot, name, size, shape, lengths, records, first, result_name,
+         given_back) = message
+        results_out.release(given_back)
         t0 = time.perf_counter()
         try:
             # The parent owns (and unlinks) the segments; a slot's segment changes name only
@@ -404,17 +407,17 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             failure = (position, _portable(exc), text)
         try:
-            # Large buffers (numpy arrays) go through the slot's result segment; the pipe
-            # carries the rest of the pickle and where the buffers lie.
+            # Large buffers (numpy arrays) go through a result segment; the pipe carries the
+            # rest of the pickle and where the buffers lie.
             payload, buffers, spans, total = dump_results(results)
-            segment_name = (results_out.write(slot, result_name, buffers, spans, total)
-                            if buffers else results_out.name(slot))
+            segment_name, retired = (results_out.write(result_name, buffers, spans, total)
+                                     if buffers else (None, []))
             del buffers
-            conn.send_bytes(pickle.dumps((tid, segment_name, payload, spans, failure, busy),
-                                         pickle.HIGHEST_PROTOCOL))
+            conn.send_bytes(pickle.dumps((tid, segment_name, retired, payload, spans, failure,
+                                          busy), pickle.HIGHEST_PROTOCOL))
         except Exception as exc:  # noqa: BLE001 - e.g. results that do not pickle
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            conn.send_bytes(pickle.dumps((tid, results_out.name(slot), pickle.dumps([]), [],
+            conn.send_bytes(pickle.dumps((tid, None, [], pickle.dumps([]), [],
                                           (0, _portable(exc), text), busy)))
 
 
@@ -482,8 +485,9 @@ class _Processes:
         # never waits on a child that is itself waiting to send its results.
         try:
             self.conns[child].send((task.tid, slot, segment.name, size, shape, lengths,
-                                    task.records, task.first, self._result_name(child, slot,
-                                                                                task.tid)))
+                                    task.records, task.first,
+                                    self._result_name(child, slot, task.tid),
+                                    self.results.give_back(child)))
         except OSError:
             self.procs[child].join(_EXIT_GRACE_S)
             raise self._died(child) from None
@@ -519,13 +523,9 @@ class _Processes:
                     raise self._died(i)
 
     def _file(self, child: int, message: bytes) -> None:
-        tid, segment_name, payload, spans, failure, busy = pickle.loads(message)
+        tid, segment_name, retired, payload, spans, failure, busy = pickle.loads(message)
         task, _, slot = self.tasks[tid]
-        # Copied out of the slot's result segment before the slot takes another task.
-        try:
-            results = self.results.load((child, slot), segment_name, payload, spans)
-        except Exception as exc:  # noqa: BLE001 - a result that does not unpickle here
-            results, failure = [], (0, exc, "".join(traceback.format_exception(exc)))
+        self.results.receive(segment_name, retired)
         self.queued[child].remove(tid)
         del self.tasks[tid]
         self.free[child].append(slot)
@@ -533,7 +533,17 @@ class _Processes:
             position, exc, text = failure
             exc.__cause__ = _RemoteTraceback(text)
             failure = (position, exc)
-        self.finished[tid] = _Outcome(task, results, failure, busy)
+        # Rebuilt when the consumer takes it (see _take): a result read ahead is not lent yet.
+        self.finished[tid] = (_Outcome(task, [], failure, busy), child, segment_name, payload,
+                              spans)
+
+    def _take(self, tid: int) -> _Outcome:
+        outcome, child, segment_name, payload, spans = self.finished.pop(tid)
+        try:
+            outcome.results = self.results.load(child, segment_name, payload, spans)
+        except Exception as exc:  # noqa: BLE001 - a result that does not unpickle here
+            outcome.failure = (0, exc)
+        return outcome
 
     def wait(self, ordered: bool) -> _Outcome:
         while True:
@@ -542,9 +552,9 @@ class _Processes:
                     first = min(self.tasks) if self.tasks else None
                     head = min(self.finished)
                     if first is None or head < first:
-                        return self.finished.pop(head)
+                        return self._take(head)
                 else:
-                    return self.finished.pop(min(self.finished))
+                    return self._take(min(self.finished))
             self._receive()
 
     def close(self) -> None:

@@ -1,34 +1,58 @@
-"""Results of map processes through shared memory: numpy arrays travel out of band.
+"""Results of map processes through shared memory: numpy arrays travel out of band, and are
+lent to the consumer without a copy.
 
 A map process pickles a task's results with protocol 5 and a ``buffer_callback``: every buffer
 of :data:`OUT_OF_BAND_MIN` bytes or more (a numpy array's data, a ``bytes``-like ``PickleBuffer``)
-is kept out of the pickle and written into the process's *result segment* for that slot; only
-the pickle of what is left (shapes, dtypes, small values: a few hundred bytes for a batch of
-images) and the buffers' offsets go through the pipe. A 9.6 MB batch of 224x224 images therefore
-costs one ``memcpy`` into shared memory and one out of it, instead of a pickle, a pipe transfer in
-64 KiB pieces and an unpickle.
+is kept out of the pickle and written into one of the process's *result segments*; only the
+pickle of what is left (shapes, dtypes, small values: a few hundred bytes for a batch of images)
+and the buffers' offsets go through the pipe. A 9.6 MB batch of 224x224 images therefore costs
+one ``memcpy`` into shared memory, instead of a pickle, a pipe transfer in 64 KiB pieces and an
+unpickle.
+
+**Lending.** The parent rebuilds the arrays as views of the segment itself (no copy: at 16
+decoding processes a copy out would cost the consumer's process a third of a core) and *lends*
+the segment to the consumer: it goes back to its process for reuse only once every array of
+that result is gone (a ``weakref.finalize`` on the one array all of them view). A process lends
+at most :data:`LEASES` results at a time; a result past that (a consumer that keeps batches) is
+copied out and its segment reused at once, so a process has at most ``LEASES`` lent segments,
+plus those of its results in flight or read ahead (two) and of those being given back, whatever
+the consumer keeps. A result is rebuilt only when the consumer takes it, so results read ahead
+do not count as lent. Arrays are writable and stay valid
+after the stage closes (an unlinked segment lives on while it is mapped).
 
 Ownership (so that nothing is left in ``/dev/shm`` whatever happens):
 
 - A child creates its result segments itself, because only it knows how large a result is; it
   names each one after the task it first carries (``<prefix><child>-r<slot>-<task id>``), a
-  name the parent chose and knows before the child can create it. It reuses a slot's segment
-  for task after task and replaces it (unlinking the old one) only when a result does not fit:
-  a slot is reused only after the parent has read the previous result in it.
-- The parent reads a result as soon as its message arrives, copying each buffer out (the
-  consumer owns plain arrays; the segment is free for the slot's next task), and at close
-  unlinks every segment a child may have left: the last one each slot reported and the
-  suggested name of every task still in flight (a child killed between creating a segment and
-  reporting it). Names that no longer exist are skipped.
+  name the parent chose and knows before the child can create it. It writes a result into the
+  smallest of its free segments that fits, else creates one (replacing, that is unlinking, a
+  free one that is too small, and saying so), and reports the segment's name with the result.
+  A segment is free again when the parent says so with a later task: right after copying out of
+  it, or once the consumer dropped the arrays lent from it.
+- The parent, at close, unlinks every segment a child may have left: every name reported and
+  the suggested name of every task still in flight (a child killed between creating a segment
+  and reporting it). Names that no longer exist are skipped. Mappings are never closed
+  explicitly (a lent array may still use one); they go with their last reference.
 """
 
 from __future__ import annotations
 
+import collections
+import mmap
+import os
 import pickle
+import weakref
 from multiprocessing import shared_memory
 from typing import Any, Iterable, Optional
 
-__all__ = ["OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach", "dump_results"]
+import numpy as np
+
+try:  # what multiprocessing.shared_memory itself uses on POSIX
+    import _posixshmem
+except ImportError:  # pragma: no cover - not POSIX: results are copied out
+    _posixshmem = None
+
+__all__ = ["LEASES", "OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach", "dump_results"]
 
 #: Buffers at least this large go through shared memory; smaller ones stay in the pickle, where
 #: they cost less than the bookkeeping of a span.
@@ -37,6 +61,9 @@ OUT_OF_BAND_MIN = 32 << 10
 _ALIGN = 64
 #: The smallest result segment: a few MiB of address space costs nothing until pages are written.
 _MIN_CAPACITY = 1 << 20
+#: Results of one map process lent to the consumer at a time (each holds one result segment);
+#: results read ahead, not yet handed to the consumer, are not counted.
+LEASES = 2
 
 
 def dump_results(results: Any) -> tuple[bytes, list, list, int]:
@@ -65,8 +92,8 @@ def attach(cache: dict, key: Any, name: str) -> shared_memory.SharedMemory:
 
     Its owner reuses a segment for task after task and replaces it (unlinking the old one) only
     to grow it, so a new name under ``key`` means the mapped segment is stale: it is unmapped and
-    ``name`` attached in its place. Used by both sides: a map process for its input slots, the
-    parent for the children's result segments.
+    ``name`` attached in its place. A map process attaches its input slots so (the parent
+    maps result segments by name, lends them, and keeps every mapping: see ParentResults).
     """
     segment = cache.get(key)
     if segment is None or segment.name != name:
@@ -81,82 +108,130 @@ def _capacity(total: int) -> int:
 
 
 class ChildResults:
-    """A map process's result segments, one per slot, reused while results fit."""
+    """A map process's result segments: written into while free, lent out, given back."""
 
     def __init__(self) -> None:
-        self.segments: dict = {}  # slot -> SharedMemory created by this process
+        self.segments: dict = {}  # name -> SharedMemory created by this process
+        self.free: list = []  # names of segments the parent is done with
 
-    def write(self, slot: int, suggested: str, buffers: list, spans: list, total: int) -> str:
-        """Write ``buffers`` at ``spans`` into the slot's segment; return the segment's name."""
-        segment = self.segments.get(slot)
-        if segment is None or segment.size < total:
-            new = shared_memory.SharedMemory(suggested, create=True, size=_capacity(total))
-            if segment is not None:
-                # The parent read the result this segment last held before it handed this slot
-                # a new task, and it attaches by name, so the old name can go now.
-                segment.close()
-                try:
-                    segment.unlink()
-                except FileNotFoundError:
-                    pass
-            segment = self.segments[slot] = new
+    def release(self, names: Iterable[str]) -> None:
+        """The parent is done with these segments (sent with a task)."""
+        self.free.extend(n for n in names if n in self.segments)
+
+    def write(self, suggested: str, buffers: list, spans: list, total: int) -> tuple[str, list]:
+        """Write ``buffers`` at ``spans`` into a free segment of at least ``total`` bytes (or a
+        new one named ``suggested``); return ``(its name, names of segments unlinked)``."""
+        fits = [n for n in self.free if self.segments[n].size >= total]
+        retired: list = []
+        if fits:
+            name = min(fits, key=lambda n: self.segments[n].size)
+            self.free.remove(name)
+            segment = self.segments[name]
+        else:
+            segment = shared_memory.SharedMemory(suggested, create=True, size=_capacity(total))
+            name = segment.name
+            if self.free:
+                # Replace a free segment that is too small rather than add one: the parent
+                # attaches by name and drops its mapping of a retired one.
+                old = self.free.pop()
+                _unlink(self.segments.pop(old))
+                retired.append(old)
+            self.segments[name] = segment
         view = segment.buf
         try:
             for raw, (offset, length) in zip(buffers, spans):
                 view[offset:offset + length] = raw
         finally:
             del view
-        return segment.name
-
-    def name(self, slot: int) -> Optional[str]:
-        """The slot's segment now (reported with every result, even a failure, so that the
-        parent knows every segment there is to unlink)."""
-        segment = self.segments.get(slot)
-        return None if segment is None else segment.name
+        return name, retired
 
     def close(self) -> None:
         """Unmap (the parent unlinks: it may still have a result to read from them)."""
         for segment in self.segments.values():
             segment.close()
         self.segments.clear()
+        self.free.clear()
+
+
+def _unlink(segment: shared_memory.SharedMemory) -> None:
+    segment.close()
+    try:
+        segment.unlink()
+    except FileNotFoundError:
+        pass
 
 
 class ParentResults:
-    """The parent's side: attach the children's result segments and rebuild results."""
+    """The parent's side: map the children's result segments, rebuild results, lend them."""
 
     def __init__(self) -> None:
-        self.attached: dict = {}  # (child, slot) -> SharedMemory, the slot's current segment
-        self.reported: dict = {}  # (child, slot) -> the name its child last reported
+        self.maps: dict = {}  # segment name -> this process's mmap of it
+        self.names: set = set()  # every segment name a child reported (unlinked at close)
+        self.lent: collections.Counter = collections.Counter()  # child -> results lent out
+        self.returned: collections.deque = collections.deque()  # (child, name), any thread
+        self.done: dict = collections.defaultdict(list)  # child -> names to give back to it
 
-    def load(self, key: tuple, name: Optional[str], payload: bytes, spans: list) -> Any:
-        """The results of one message; buffers are copied out, so the slot can be reused."""
+    def receive(self, name: Optional[str], retired: Iterable[str]) -> None:
+        """A message arrived naming the result's segment and the segments its child unlinked
+        (called at once, in message order; the result is rebuilt when the consumer takes it)."""
+        for old in retired:
+            self.maps.pop(old, None)
         if name is not None:
-            self.reported[key] = name
+            self.names.add(name)
+
+    def load(self, child: int, name: Optional[str], payload: bytes, spans: list) -> Any:
+        """The results of one message from ``child``, for the consumer: its arrays lent from
+        the segment, or copied out of it when the child has :data:`LEASES` results lent."""
         if not spans:
             return pickle.loads(payload)
-        view = attach(self.attached, key, name).buf
-        try:
-            buffers = [bytearray(view[offset:offset + length]) for offset, length in spans]
-        finally:
-            del view
+        mapping = self._map(name)
+        self._collect()
+        if self.lent[child] < LEASES and _posixshmem is not None:
+            whole = np.frombuffer(mapping, np.uint8)  # every array of this result views it
+            results = pickle.loads(payload, buffers=[whole[o:o + n] for o, n in spans])
+            self.lent[child] += 1
+            weakref.finalize(whole, self.returned.append, (child, name)).atexit = False
+            return results
+        buffers = [bytearray(mapping[o:o + n]) for o, n in spans]
+        self.done[child].append(name)
         return pickle.loads(payload, buffers=buffers)
 
+    def _map(self, name: str) -> Any:
+        mapping = self.maps.get(name)
+        if mapping is None:
+            if _posixshmem is None:  # pragma: no cover - not POSIX
+                segment = shared_memory.SharedMemory(name)
+                mapping = bytes(segment.buf)
+                segment.close()
+                return mapping
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+            try:
+                mapping = self.maps[name] = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+        return mapping
+
+    def _collect(self) -> None:
+        while self.returned:
+            child, name = self.returned.popleft()
+            self.lent[child] -= 1
+            self.done[child].append(name)
+
+    def give_back(self, child: int) -> list:
+        """Names of ``child``'s segments it may write into again (sent with its next task)."""
+        self._collect()
+        return self.done.pop(child, [])
+
     def close(self, leftovers: Iterable[str]) -> None:
-        """Unmap every segment and unlink it and every name in ``leftovers`` that exists
-        (call once the children are gone)."""
-        names = ({segment.name for segment in self.attached.values()}
-                 | set(self.reported.values()) | set(leftovers))
-        self.reported.clear()
-        for segment in self.attached.values():
-            segment.close()
-        self.attached.clear()
+        """Forget every mapping (a lent array keeps its own) and unlink every segment reported
+        and every name in ``leftovers`` that exists (call once the children are gone)."""
+        names = self.names | set(leftovers)
+        self.names = set()
+        self.maps.clear()
+        self.done.clear()
         for name in sorted(names):
             try:
                 segment = shared_memory.SharedMemory(name)
             except FileNotFoundError:
                 continue  # never created, or already replaced and unlinked by its child
-            segment.close()
-            try:
-                segment.unlink()
-            except FileNotFoundError:
-                pass
+            _unlink(segment)

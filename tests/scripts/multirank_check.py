@@ -8,7 +8,9 @@ usage:
 
 SOURCE is a FIFO path, or channel:PREFIX for a PipeChannel (one FIFO per epoch). Without
 --rank the rank comes from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
-which the test sets; with it, to_torch() gets them as arguments.
+which the test sets or a real ``torchrun`` launcher does; with it, to_torch() gets them as
+arguments. ``{rank}`` in OUT is replaced by the rank (torchrun gives every rank the same
+arguments).
 """
 
 import argparse
@@ -46,6 +48,10 @@ def rank_main(args):
     from streamio import Dataset
     from torch.utils.data import DataLoader
 
+    rank = args.rank if args.rank is not None else int(os.environ["RANK"])
+    args.out = args.out.replace("{rank}", str(rank))
+    result = {"epochs": [], "error": None, "batches": [],
+              "torchrun": os.environ.get("TORCHELASTIC_RUN_ID") is not None}
     if args.delay:
         time.sleep(args.delay)  # a rank that starts late
     if args.source.startswith("channel:"):
@@ -64,9 +70,6 @@ def rank_main(args):
     if args.rank is not None:
         options.update(rank=args.rank, world_size=args.world, local_rank=args.local_rank,
                        local_world_size=args.local_world)
-        rank = args.rank
-    else:
-        rank = int(os.environ["RANK"])
     loader = DataLoader(ds.to_torch(**options), batch_size=None, num_workers=args.workers)
     batches_of = loader
     if args.ddp:
@@ -76,7 +79,6 @@ def rank_main(args):
         from streamio.torch import to_device
         dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]))
         batches_of = to_device(loader, "cpu", even_batches=args.ddp)
-    result = {"epochs": [], "error": None, "batches": []}
     batches = 0
     try:
         for epoch in range(args.epochs):
