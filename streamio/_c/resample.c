@@ -104,8 +104,10 @@ static const filter_def *filter_by_code(int code)
 
 typedef struct {
     int ksize;      /* coefficients per output pixel (the row stride of k) */
+    int max_taps;   /* the largest number of taps of an output pixel (<= ksize) */
     int *bounds;    /* per output pixel: first tap, number of taps */
     int32_t *k;     /* fixed-point weights, out_size x ksize */
+    int32_t *k4;    /* the same, each repeated 4 times (the RGB SIMD loads them as a vector) */
 } coeffs;
 
 /* double -> int32 as x86's cvttsd2si does it (what Pillow's (int) cast compiles to), without
@@ -137,6 +139,7 @@ static int make_coeffs(int in_size, float in0, float in1, int out_size, const fi
     if (checked_mul(out_size, ksize, &nk) < 0)
         return -1;
     c->ksize = ksize;
+    c->max_taps = 0;
     c->k = alloc_items(nk, sizeof(int32_t));
     c->bounds = alloc_items(2 * (Py_ssize_t)out_size, sizeof(int));
     double *w = alloc_items(ksize, sizeof(double));
@@ -169,6 +172,8 @@ static int make_coeffs(int in_size, float in0, float in1, int out_size, const fi
         }
         c->bounds[2 * xx] = xmin;
         c->bounds[2 * xx + 1] = n;
+        if (n > c->max_taps)
+            c->max_taps = n;
     }
     PyMem_Free(w);
     return 0;
@@ -257,36 +262,43 @@ static void vertical_scalar(const pass *p)
 /* The 32-bit sums (r g b .) of one RGB output pixel: one tap per step, the tap's 3 bytes (+1
  * ignored, the caller checked it is inside the buffer) times its weight on 4 lanes. */
 __attribute__((target("sse4.1"), always_inline)) static inline __m128i
-h_sums3(const uint8_t *px, const int32_t *k, int n)
+h_sums3(const uint8_t *px, const int32_t *k4, int n)
 {
     __m128i sum = _mm_set1_epi32((int)HALF);
     for (int x = 0; x < n; x++, px += 3) {
         __m128i v = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)load_le32(px)));
-        sum = _mm_add_epi32(sum, _mm_mullo_epi32(v, _mm_set1_epi32(k[x])));
+        __m128i w = _mm_loadu_si128((const __m128i *)(k4 + 4 * x));
+        sum = _mm_add_epi32(sum, _mm_mullo_epi32(v, w));
     }
     return _mm_srai_epi32(sum, PRECISION_BITS);
 }
 
 /* RGB rows, four output pixels per step: their sums packed (with saturation, which is the
- * clipping) to 16 bytes r g b . x 4, compacted to 12 and stored; pixels whose 4-byte loads
- * would pass the end of the buffer, and the last < 4, in C. Compiled for SSE4.1 and AVX2. */
+ * clipping) to 16 bytes r g b . x 4, compacted to 12 and stored. Every pixel runs max_taps taps:
+ * the weights past its own taps are 0 (their products add nothing), and a loop count that
+ * never changes is one the branch predictor gets right (3 or 4 taps in turn cost a mispredicted
+ * branch per pixel). Pixels whose loads would pass the end of the buffer, and the last < 4,
+ * are done in C. Compiled for SSE4.1 and for AVX2. */
 __attribute__((target("sse4.1"), always_inline)) static inline void horizontal3_simd(const pass *p)
 {
     const __m128i compact = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
-    const int *bounds = p->c->bounds;
+    const int *bounds = p->c->bounds, taps = p->c->max_taps;
+    const Py_ssize_t k4_stride = 4 * (Py_ssize_t)p->c->ksize;
     for (int r = 0; r < p->rows; r++) {
         const uint8_t *in = p->src + (Py_ssize_t)(p->first_row + r) * p->src_stride;
         uint8_t *o = p->dst + (Py_ssize_t)r * p->dst_stride;
         int xx = 0;
         for (; xx + 4 <= p->out_w; xx += 4) {
-            int last = bounds[2 * xx + 6] + bounds[2 * xx + 7]; /* taps end latest at pixel 3 */
-            if (p->src_end - in < 3 * (Py_ssize_t)last + 1)
+            int reach = 0; /* one past the last source pixel the four read */
+            for (int i = 0; i < 4; i++)
+                if (bounds[2 * (xx + i)] + taps > reach)
+                    reach = bounds[2 * (xx + i)] + taps;
+            if (p->src_end - in < 3 * (Py_ssize_t)reach + 1)
                 break;
             __m128i s[4];
             for (int i = 0; i < 4; i++)
                 s[i] = h_sums3(in + 3 * (Py_ssize_t)bounds[2 * (xx + i)],
-                               p->c->k + (Py_ssize_t)(xx + i) * p->c->ksize,
-                               bounds[2 * (xx + i) + 1]);
+                               p->c->k4 + (xx + i) * k4_stride, taps);
             __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(s[0], s[1]),
                                              _mm_packs_epi32(s[2], s[3]));
             bytes = _mm_shuffle_epi8(bytes, compact);
@@ -487,6 +499,18 @@ static uint8_t *temp_image(Py_ssize_t rows, Py_ssize_t row_bytes, Py_ssize_t *si
     return alloc_items(*size, 1);
 }
 
+/* c->k4: each weight 4 times; 0, or -1 with MemoryError set. */
+static int repeat4(coeffs *c, int out_size)
+{
+    Py_ssize_t n, n4;
+    if (checked_mul(out_size, c->ksize, &n) < 0 || checked_mul(n, 4, &n4) < 0 ||
+        (c->k4 = alloc_items(n4, sizeof(int32_t))) == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n4; i++)
+        c->k4[i] = c->k[i / 4];
+    return 0;
+}
+
 /* Both passes (or one) in Pillow's order; 0, or -1 with an exception set. The first pass covers
  * only the source rows (or columns) the second one reads. */
 static int resample_image(const job *jb, const filter_def *f, const float box[4])
@@ -494,12 +518,13 @@ static int resample_image(const job *jb, const filter_def *f, const float box[4]
     int need_h = jb->out_w != jb->in_w || box[0] != 0 || box[2] != jb->out_w;
     int need_v = jb->out_h != jb->in_h || box[1] != 0 || box[3] != jb->out_h;
     int v_first = need_h && need_v && vertical_first(jb);
-    coeffs cv = {0, NULL, NULL}, ch = {0, NULL, NULL};
+    coeffs cv = {0, 0, NULL, NULL, NULL}, ch = {0, 0, NULL, NULL, NULL};
     uint8_t *temp = NULL;
     Py_ssize_t size, c = jb->channels, out_row = jb->out_w * c, in_row = jb->in_w * c;
     int rc = -1;
     if (make_coeffs(jb->in_h, box[1], box[3], jb->out_h, f, &cv) < 0 ||
-        (need_h && make_coeffs(jb->in_w, box[0], box[2], jb->out_w, f, &ch) < 0))
+        (need_h && make_coeffs(jb->in_w, box[0], box[2], jb->out_w, f, &ch) < 0) ||
+        (need_h && jb->channels == 3 && jb->isa >= ISA_SSE41 && repeat4(&ch, jb->out_w) < 0))
         goto done;
     /* defaults: one pass from the source straight into the output */
     pass hp = {jb->src, jb->src + jb->src_len, in_row, jb->dst, out_row, jb->channels,
@@ -558,6 +583,7 @@ done:
     PyMem_Free(cv.bounds);
     PyMem_Free(ch.k);
     PyMem_Free(ch.bounds);
+    PyMem_Free(ch.k4);
     PyMem_Free(temp);
     return rc;
 }
