@@ -107,7 +107,7 @@ typedef struct {
     int max_taps;   /* the largest number of taps of an output pixel (<= ksize) */
     int *bounds;    /* per output pixel: first tap, number of taps */
     int32_t *k;     /* fixed-point weights, out_size x ksize */
-    int32_t *k4;    /* the same, each repeated 4 times (the RGB SIMD loads them as a vector) */
+    int16_t *kw;    /* RGB SIMD: the weights as 16-bit halves in pairs of taps (see make_pairs) */
 } coeffs;
 
 /* double -> int32 as x86's cvttsd2si does it (what Pillow's (int) cast compiles to), without
@@ -259,46 +259,51 @@ static void vertical_scalar(const pass *p)
 /* --- the passes: SSE4.1 and AVX2 ------------------------------------------------------------- */
 #ifdef STREAMIO_X86_RESAMPLE
 
-/* The 32-bit sums (r g b .) of one RGB output pixel: one tap per step, the tap's 3 bytes (+1
- * ignored, the caller checked it is inside the buffer) times its weight on 4 lanes. */
+/* The clipped sums (r g b .) of one RGB output pixel, two taps per step with pmaddwd: the two
+ * pixels' bytes as words (r0 r1 g0 g1 b0 b1 0 0) times the taps' weights split as
+ * w = hi * 2^15 + lo (lo in 0 .. 2^15 - 1, hi fitting in 16 bits: make_pairs checks), so
+ * sum p * w = sum p * lo + 2^15 * sum p * hi, the same 32-bit value as Pillow's products.
+ * Reads 8 bytes per pair (6 used); the caller checked they are inside the buffer. */
 __attribute__((target("sse4.1"), always_inline)) static inline __m128i
-h_sums3(const uint8_t *px, const int32_t *k4, int n)
+h_sums3(const uint8_t *px, const int16_t *kw, int pairs)
 {
-    __m128i sum = _mm_set1_epi32((int)HALF);
-    for (int x = 0; x < n; x++, px += 3) {
-        __m128i v = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)load_le32(px)));
-        __m128i w = _mm_loadu_si128((const __m128i *)(k4 + 4 * x));
-        sum = _mm_add_epi32(sum, _mm_mullo_epi32(v, w));
+    const __m128i spread = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
+    for (int j = 0; j < pairs; j++, px += 6, kw += 16) {
+        __m128i v = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)px), spread);
+        lo = _mm_add_epi32(lo, _mm_madd_epi16(v, _mm_loadu_si128((const __m128i *)kw)));
+        hi = _mm_add_epi32(hi, _mm_madd_epi16(v, _mm_loadu_si128((const __m128i *)(kw + 8))));
     }
-    return _mm_srai_epi32(sum, PRECISION_BITS);
+    __m128i sum = _mm_add_epi32(lo, _mm_slli_epi32(hi, 15));
+    return _mm_srai_epi32(_mm_add_epi32(sum, _mm_set1_epi32((int)HALF)), PRECISION_BITS);
 }
 
 /* RGB rows, four output pixels per step: their sums packed (with saturation, which is the
- * clipping) to 16 bytes r g b . x 4, compacted to 12 and stored. Every pixel runs max_taps taps:
- * the weights past its own taps are 0 (their products add nothing), and a loop count that
+ * clipping) to 16 bytes r g b . x 4, compacted to 12 and stored. Every pixel runs max_taps taps
+ * (rounded up to pairs): the weights past its own taps are 0 (their products add nothing), and a loop count that
  * never changes is one the branch predictor gets right (3 or 4 taps in turn cost a mispredicted
  * branch per pixel). Pixels whose loads would pass the end of the buffer, and the last < 4,
  * are done in C. Compiled for SSE4.1 and for AVX2. */
 __attribute__((target("sse4.1"), always_inline)) static inline void horizontal3_simd(const pass *p)
 {
     const __m128i compact = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
-    const int *bounds = p->c->bounds, taps = p->c->max_taps;
-    const Py_ssize_t k4_stride = 4 * (Py_ssize_t)p->c->ksize;
+    const int *bounds = p->c->bounds, pairs = (p->c->max_taps + 1) / 2;
+    const Py_ssize_t kw_stride = 16 * (Py_ssize_t)pairs;
     for (int r = 0; r < p->rows; r++) {
         const uint8_t *in = p->src + (Py_ssize_t)(p->first_row + r) * p->src_stride;
         uint8_t *o = p->dst + (Py_ssize_t)r * p->dst_stride;
         int xx = 0;
         for (; xx + 4 <= p->out_w; xx += 4) {
-            int reach = 0; /* one past the last source pixel the four read */
+            int reach = 0; /* one past the last source pixel the four use */
             for (int i = 0; i < 4; i++)
-                if (bounds[2 * (xx + i)] + taps > reach)
-                    reach = bounds[2 * (xx + i)] + taps;
-            if (p->src_end - in < 3 * (Py_ssize_t)reach + 1)
+                if (bounds[2 * (xx + i)] + 2 * pairs > reach)
+                    reach = bounds[2 * (xx + i)] + 2 * pairs;
+            if (p->src_end - in < 3 * (Py_ssize_t)reach + 2)
                 break;
             __m128i s[4];
             for (int i = 0; i < 4; i++)
                 s[i] = h_sums3(in + 3 * (Py_ssize_t)bounds[2 * (xx + i)],
-                               p->c->k4 + (xx + i) * k4_stride, taps);
+                               p->c->kw + (xx + i) * kw_stride, pairs);
             __m128i bytes = _mm_packus_epi16(_mm_packs_epi32(s[0], s[1]),
                                              _mm_packs_epi32(s[2], s[3]));
             bytes = _mm_shuffle_epi8(bytes, compact);
@@ -397,11 +402,11 @@ __attribute__((target("avx2"))) static void vertical_avx2(const pass *p)
 static void horizontal_pass(const pass *p, int isa)
 {
 #ifdef STREAMIO_X86_RESAMPLE
-    if (p->channels == 3 && isa >= ISA_AVX2) {
+    if (p->channels == 3 && p->c->kw != NULL && isa >= ISA_AVX2) {
         horizontal3_avx2(p);
         return;
     }
-    if (p->channels == 3 && isa >= ISA_SSE41) {
+    if (p->channels == 3 && p->c->kw != NULL && isa >= ISA_SSE41) {
         horizontal3_sse41(p);
         return;
     }
@@ -499,15 +504,31 @@ static uint8_t *temp_image(Py_ssize_t rows, Py_ssize_t row_bytes, Py_ssize_t *si
     return alloc_items(*size, 1);
 }
 
-/* c->k4: each weight 4 times; 0, or -1 with MemoryError set. */
-static int repeat4(coeffs *c, int out_size)
+/* c->kw for h_sums3: per output pixel and pair of taps (t, t + 1), eight words lo_t lo_t+1
+ * (x 4 lanes) then eight words hi_t hi_t+1, w = hi * 2^15 + lo; taps past the pixel's own (and
+ * past ksize) weigh 0. Left NULL (the C loop then) when a weight's hi does not fit in 16 bits,
+ * which normalized weights never reach. 0, or -1 with MemoryError set. */
+static int make_pairs(coeffs *c, int out_size)
 {
-    Py_ssize_t n, n4;
-    if (checked_mul(out_size, c->ksize, &n) < 0 || checked_mul(n, 4, &n4) < 0 ||
-        (c->k4 = alloc_items(n4, sizeof(int32_t))) == NULL)
+    Py_ssize_t pairs = (c->max_taps + 1) / 2, n;
+    if (checked_mul(out_size, 16 * pairs, &n) < 0 || (c->kw = alloc_items(n, sizeof(int16_t))) == NULL)
         return -1;
-    for (Py_ssize_t i = 0; i < n4; i++)
-        c->k4[i] = c->k[i / 4];
+    for (Py_ssize_t xx = 0; xx < out_size; xx++) {
+        const int32_t *k = c->k + xx * c->ksize;
+        int16_t *kw = c->kw + xx * 16 * pairs;
+        for (Py_ssize_t t = 0; t < 2 * pairs; t++) {
+            int32_t w = t < c->ksize ? k[t] : 0, hi = w >> 15; /* arithmetic shift */
+            if (hi < INT16_MIN || hi > INT16_MAX) {
+                PyMem_Free(c->kw);
+                c->kw = NULL;
+                return 0;
+            }
+            for (int lane = 0; lane < 4; lane++) {
+                kw[(t / 2) * 16 + lane * 2 + t % 2] = (int16_t)(w & 0x7FFF);
+                kw[(t / 2) * 16 + 8 + lane * 2 + t % 2] = (int16_t)hi;
+            }
+        }
+    }
     return 0;
 }
 
@@ -524,7 +545,7 @@ static int resample_image(const job *jb, const filter_def *f, const float box[4]
     int rc = -1;
     if (make_coeffs(jb->in_h, box[1], box[3], jb->out_h, f, &cv) < 0 ||
         (need_h && make_coeffs(jb->in_w, box[0], box[2], jb->out_w, f, &ch) < 0) ||
-        (need_h && jb->channels == 3 && jb->isa >= ISA_SSE41 && repeat4(&ch, jb->out_w) < 0))
+        (need_h && jb->channels == 3 && jb->isa >= ISA_SSE41 && make_pairs(&ch, jb->out_w) < 0))
         goto done;
     /* defaults: one pass from the source straight into the output */
     pass hp = {jb->src, jb->src + jb->src_len, in_row, jb->dst, out_row, jb->channels,
@@ -583,7 +604,7 @@ done:
     PyMem_Free(cv.bounds);
     PyMem_Free(ch.k);
     PyMem_Free(ch.bounds);
-    PyMem_Free(ch.k4);
+    PyMem_Free(ch.kw);
     PyMem_Free(temp);
     return rc;
 }
