@@ -128,10 +128,13 @@ def test_image_decode_unchanged(options, monkeypatch):
     jpegs = [_jpeg(shape, i) for i, shape in enumerate(
         [(375, 500, 3), (500, 375, 3), (333, 333, 3), (240, 320), (1200, 900, 3), (97, 301, 3)])]
     fast = [streamio.Image(**options).decode(j) for j in jpegs]
+    batch = streamio.Image(**options).decode_batch(jpegs)["image"]  # resized into its rows
+    chw = streamio.Image(layout="CHW", **options).decode_batch(jpegs)["image"]
     monkeypatch.setattr(_resample, "_c_resample", None)  # the Pillow path, as without the build
     slow = [streamio.Image(**options).decode(j) for j in jpegs]
-    for a, b in zip(fast, slow):
+    for a, b, row, planes in zip(fast, slow, batch, chw):
         assert a.shape == b.shape and np.array_equal(a, b)
+        assert np.array_equal(row, b) and np.array_equal(planes, b.transpose(2, 0, 1))
 
 
 GOOD = np.zeros((10, 12, 3), np.uint8)

@@ -71,7 +71,7 @@ def _check(pixels: Any, size: Tuple[int, int], resample: str, box: Optional[Sequ
                                  f" {_describe(out)}")
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise UsageError("out must be C-contiguous and writable")
-        if np.shares_memory(out, pixels):
+        if np.may_share_memory(out, pixels):  # (address ranges only: cheap)
             raise UsageError("out must not overlap pixels")
     return pixels, shape, (x0, y0, x1, y1)
 
