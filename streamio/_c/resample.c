@@ -317,6 +317,60 @@ __attribute__((target("sse4.1"), always_inline)) static inline void horizontal3_
     }
 }
 
+/* L rows, four output pixels per step, one per 32-bit lane: per pair of taps, each pixel's two
+ * source bytes as words times its pair of weight halves (pmaddwd, as h_sums3). */
+__attribute__((target("sse4.1"), always_inline)) static inline void horizontal1_simd(const pass *p)
+{
+    const int *bounds = p->c->bounds, pairs = (p->c->max_taps + 1) / 2;
+    const __m128i half = _mm_set1_epi32((int)HALF);
+    for (int r = 0; r < p->rows; r++) {
+        const uint8_t *in = p->src + (Py_ssize_t)(p->first_row + r) * p->src_stride;
+        uint8_t *o = p->dst + (Py_ssize_t)r * p->dst_stride;
+        const int16_t *kw = p->c->kw;
+        int xx = 0;
+        for (; xx + 4 <= p->out_w; xx += 4, kw += 16 * (Py_ssize_t)pairs) {
+            int reach = 0; /* one past the last source byte the four read */
+            for (int i = 0; i < 4; i++)
+                if (bounds[2 * (xx + i)] + 2 * pairs > reach)
+                    reach = bounds[2 * (xx + i)] + 2 * pairs;
+            if (p->src_end - in < (Py_ssize_t)reach)
+                break;
+            const uint8_t *q0 = in + bounds[2 * xx], *q1 = in + bounds[2 * xx + 2];
+            const uint8_t *q2 = in + bounds[2 * xx + 4], *q3 = in + bounds[2 * xx + 6];
+            __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128();
+            for (int j = 0; j < 2 * pairs; j += 2) {
+                uint16_t b0, b1, b2, b3; /* little-endian: the first byte is the low one */
+                memcpy(&b0, q0 + j, 2);
+                memcpy(&b1, q1 + j, 2);
+                memcpy(&b2, q2 + j, 2);
+                memcpy(&b3, q3 + j, 2);
+                uint64_t bytes = b0 | (uint64_t)b1 << 16 | (uint64_t)b2 << 32 | (uint64_t)b3 << 48;
+                __m128i v = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)bytes));
+                lo = _mm_add_epi32(lo, _mm_madd_epi16(v, _mm_loadu_si128((const __m128i *)(kw + 8 * j))));
+                hi = _mm_add_epi32(hi, _mm_madd_epi16(v, _mm_loadu_si128((const __m128i *)(kw + 8 * j + 8))));
+            }
+            __m128i sum = _mm_add_epi32(_mm_add_epi32(lo, _mm_slli_epi32(hi, 15)), half);
+            sum = _mm_srai_epi32(sum, PRECISION_BITS);
+            sum = _mm_packus_epi16(_mm_packs_epi32(sum, sum), sum);
+            uint32_t four = (uint32_t)_mm_cvtsi128_si32(sum);
+            memcpy(o + xx, &four, 4);
+        }
+        for (; xx < p->out_w; xx++)
+            h_pixel_scalar(in, o + xx, 1, bounds[2 * xx], bounds[2 * xx + 1],
+                           p->c->k + (Py_ssize_t)xx * p->c->ksize);
+    }
+}
+
+__attribute__((target("sse4.1"))) static void horizontal1_sse41(const pass *p)
+{
+    horizontal1_simd(p);
+}
+
+__attribute__((target("avx2"))) static void horizontal1_avx2(const pass *p)
+{
+    horizontal1_simd(p);
+}
+
 __attribute__((target("sse4.1"))) static void horizontal3_sse41(const pass *p)
 {
     horizontal3_simd(p);
@@ -464,6 +518,13 @@ __attribute__((target("avx2"))) static void vertical_avx2(const pass *p)
 static void horizontal_pass(const pass *p, int isa)
 {
 #ifdef STREAMIO_X86_RESAMPLE
+    if (p->channels == 1 && p->c->kw != NULL && isa >= ISA_SSE41) {
+        if (isa >= ISA_AVX2)
+            horizontal1_avx2(p);
+        else
+            horizontal1_sse41(p);
+        return;
+    }
     if (p->channels == 3 && p->c->kw != NULL && isa >= ISA_AVX2) {
         horizontal3_avx2(p);
         return;
@@ -566,18 +627,21 @@ static uint8_t *temp_image(Py_ssize_t rows, Py_ssize_t row_bytes, Py_ssize_t *si
     return alloc_items(*size, 1);
 }
 
-/* c->kw for h_sums3: per output pixel and pair of taps (t, t + 1), eight words lo_t lo_t+1
- * (x 4 lanes) then eight words hi_t hi_t+1, w = hi * 2^15 + lo; taps past the pixel's own (and
- * past ksize) weigh 0. Left NULL (the C loop then) when a weight's hi does not fit in 16 bits,
- * which normalized weights never reach. 0, or -1 with MemoryError set. */
-static int make_pairs(coeffs *c, int out_size)
+/* c->kw, the weights of the SIMD horizontal passes as 16-bit halves w = hi * 2^15 + lo, per
+ * pair of taps (t, t + 1), in blocks of 16 words: eight lo words, then eight hi words.
+ *   RGB: per output pixel, a block per pair: (lo_t lo_t+1) x 4 lanes, (hi_t hi_t+1) x 4;
+ *   L: per group of 4 output pixels, a block per pair: (lo_t lo_t+1) of each pixel, then hi.
+ * Taps past a pixel's own (and past ksize) weigh 0. Left NULL (the C loop then) when a weight's
+ * hi does not fit in 16 bits, which normalized weights never reach. 0, or -1 (MemoryError). */
+static int make_pairs(coeffs *c, int out_size, int channels)
 {
     Py_ssize_t pairs = (c->max_taps + 1) / 2, n;
     if (checked_mul(out_size, 16 * pairs, &n) < 0 || (c->kw = alloc_items(n, sizeof(int16_t))) == NULL)
         return -1;
     for (Py_ssize_t xx = 0; xx < out_size; xx++) {
         const int32_t *k = c->k + xx * c->ksize;
-        int16_t *kw = c->kw + xx * 16 * pairs;
+        if (channels == 1 && xx >= out_size / 4 * 4)
+            break; /* the last < 4 pixels of a row are done in C */
         for (Py_ssize_t t = 0; t < 2 * pairs; t++) {
             int32_t w = t < c->ksize ? k[t] : 0, hi = w >> 15; /* arithmetic shift */
             if (hi < INT16_MIN || hi > INT16_MAX) {
@@ -585,9 +649,12 @@ static int make_pairs(coeffs *c, int out_size)
                 c->kw = NULL;
                 return 0;
             }
+            Py_ssize_t block = channels == 3 ? xx * pairs + t / 2 : (xx / 4) * pairs + t / 2;
             for (int lane = 0; lane < 4; lane++) {
-                kw[(t / 2) * 16 + lane * 2 + t % 2] = (int16_t)(w & 0x7FFF);
-                kw[(t / 2) * 16 + 8 + lane * 2 + t % 2] = (int16_t)hi;
+                if (channels == 1 && lane != xx % 4)
+                    continue;
+                c->kw[block * 16 + lane * 2 + t % 2] = (int16_t)(w & 0x7FFF);
+                c->kw[block * 16 + 8 + lane * 2 + t % 2] = (int16_t)hi;
             }
         }
     }
@@ -607,7 +674,7 @@ static int resample_image(const job *jb, const filter_def *f, const float box[4]
     int rc = -1;
     if (make_coeffs(jb->in_h, box[1], box[3], jb->out_h, f, &cv) < 0 ||
         (need_h && make_coeffs(jb->in_w, box[0], box[2], jb->out_w, f, &ch) < 0) ||
-        (need_h && jb->channels == 3 && jb->isa >= ISA_SSE41 && make_pairs(&ch, jb->out_w) < 0))
+        (need_h && jb->isa >= ISA_SSE41 && make_pairs(&ch, jb->out_w, jb->channels) < 0))
         goto done;
     /* defaults: one pass from the source straight into the output */
     pass hp = {jb->src, jb->src + jb->src_len, in_row, jb->dst, out_row, jb->channels,

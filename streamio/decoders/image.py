@@ -445,11 +445,9 @@ class Image:
                 pixels = np.asarray(image)
             x0, y0, x1, y1 = (int(v) for v in box)
             result = pixels if whole else pixels[y0:y1, x0:x1]
-        elif pixels is not None and self.channels == 3 and _resample.has_kernel(self.resample):
+        elif pixels is not None and _resample.has_kernel(self.resample):
             # simplejpeg's array straight into the C kernel: Pillow's resize, byte for byte,
-            # without making a Pillow image of it and an array of the result (~3x faster).
-            # Grayscale stays on Pillow: the kernel's 1-channel horizontal pass is plain C,
-            # no faster than Pillow's.
+            # without making a Pillow image of it and an array of the result (2-3x faster).
             direct = dest is not None and not flip and pad is None and self.layout == "HWC"
             result = _resample.resize(pixels, out, self.resample, box,
                                       out=dest if direct else None)
