@@ -14,6 +14,7 @@ SPEEDUPS_SOURCES = [
     "streamio/_c/protobuf.c",
     "streamio/_c/csv.c",
     "streamio/_c/shuffle.c",
+    "streamio/_c/resample.c",
 ]
 
 speedups = Extension(

@@ -57,7 +57,7 @@ def test_target_agrees_on_its_seeds_and_on_random_bytes(name):
 
 def test_a_kernel_that_disagrees_is_caught():
     """The comparison can fail: a scan kernel that stops one frame early, a CSV kernel that
-    rounds differently, a shuffle kernel that forgets one exchange."""
+    rounds differently, a shuffle kernel that forgets one exchange, a resize one bit off."""
     import numpy as np
 
     def short_scan(buf, pos, end, verify, limit, out):
@@ -73,8 +73,12 @@ def test_a_kernel_that_disagrees_is_caught():
     def lazy_shuffle(buf, slots, new, out):
         speedups.shuffle_exchange_int64(buf, slots[:-1], new[:-1], out[:-1])
 
+    def off_by_one_resample(src, out, *args):
+        speedups.resample(src, out, *args)
+        out.flat[-1] ^= 1
+
     seeds = {"scan_tfrecords": short_scan, "parse_csv_floats": rounding_csv,
-             "shuffle_exchange_int64": lazy_shuffle}
+             "shuffle_exchange_int64": lazy_shuffle, "resample": off_by_one_resample}
     for name, broken in seeds.items():
         ck = SimpleNamespace(**{name: broken})
         with pytest.raises(targets.Mismatch):

@@ -45,8 +45,9 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyMethodDef *families[] = {crc_methods, framing_methods, protobuf_methods, csv_methods,
-                               shuffle_methods};
+                               shuffle_methods, resample_methods};
     crc_init();
+    resample_init();
     PyObject *m = PyModule_Create(&speedups_module);
     if (m == NULL)
         return NULL;
@@ -56,7 +57,8 @@ PyMODINIT_FUNC PyInit__speedups(void)
             return NULL;
         }
     }
-    if (PyModule_AddIntConstant(m, "HARDWARE_CRC32C", crc_is_hardware) < 0) {
+    if (PyModule_AddIntConstant(m, "HARDWARE_CRC32C", crc_is_hardware) < 0 ||
+        PyModule_AddStringConstant(m, "RESAMPLE_ISA", resample_isa_name()) < 0) {
         Py_DECREF(m);
         return NULL;
     }

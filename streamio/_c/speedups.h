@@ -11,6 +11,7 @@
  *                parse_recordio_protobuf               streamio/decoders/recordio_protobuf.py
  *   csv.c        parse_csv_floats                      numpy.loadtxt (the CSV decoder's fast path)
  *   shuffle.c    shuffle_exchange(_int64)              streamio/pipeline/shuffle.py (_ExchangePlan)
+ *   resample.c   resample                              Pillow's Image.resize (streamio/decoders/_resample.py)
  *   module.c     the module: each family's method table, shared numpy helpers
  */
 #ifndef STREAMIO_SPEEDUPS_H
@@ -131,5 +132,10 @@ extern PyMethodDef framing_methods[];
 extern PyMethodDef protobuf_methods[];
 extern PyMethodDef csv_methods[];
 extern PyMethodDef shuffle_methods[];
+extern PyMethodDef resample_methods[];
+
+/* resample.c: picks the SIMD level at import; its name for RESAMPLE_ISA. */
+void resample_init(void);
+const char *resample_isa_name(void);
 
 #endif

@@ -341,6 +341,21 @@ def find_sync_seeds(rng: random.Random) -> List[bytes]:
     return seeds
 
 
+def resample_seeds(rng: random.Random) -> List[bytes]:
+    """Small images of each filter and channel count: whole-image and fractional boxes, down
+    and up, the vertical-first case (height shrinking much more than width), wild boxes."""
+    seeds = []
+    for i in range(40):
+        h, w = rng.randint(1, 24), rng.randint(1, 24)
+        box = None if i % 4 == 0 else tuple(rng.randrange(65536) for _ in range(4))
+        seeds.append(T.encode_resample(rng.randbytes(rng.randint(1, 3 * h * w)), h=h, w=w,
+                                       out_w=rng.randint(1, 40), out_h=rng.randint(1, 40),
+                                       box=box, filter_index=i % 5, rgb=i % 3 != 0, isa=i % 4,
+                                       wild=i % 7 == 6))
+    seeds.append(T.encode_resample(rng.randbytes(600), h=24, w=10, out_w=8, out_h=3))
+    return seeds
+
+
 SEEDS = {
     "scan_tfrecords": scan_tfrecords_seeds,
     "scan_recordio": scan_recordio_seeds,
@@ -352,6 +367,7 @@ SEEDS = {
     "shuffle_exchange_int64": shuffle_seeds,
     "crc32c": crc32c_seeds,
     "find_sync": find_sync_seeds,
+    "resample": resample_seeds,
 }
 
 

@@ -515,6 +515,64 @@ def run_find_sync(ck: ModuleType, data: bytes) -> None:
                      find_recordio_sync(buf, pos, end, base, limit))
 
 
+# --- image resampling ---------------------------------------------------------------------------
+
+RESAMPLE_FILTERS = ("lanczos", "bilinear", "bicubic", "box", "hamming")  # Pillow's codes 1..5
+
+
+def encode_resample(pixels: bytes, *, h: int, w: int, out_w: int, out_h: int,
+                    box: Optional[Tuple[int, int, int, int]] = None, filter_index: int = 1,
+                    rgb: bool = True, isa: int = 3, wild: bool = False) -> bytes:
+    """``box``: four u16 fractions (x0, y0, x1, y1) of 65535; None: the whole image."""
+    flags = filter_index | rgb << 3 | (isa & 3) << 5 | (box is None) << 7
+    return (bytes([flags, h - 1, w - 1, out_w - 1, out_h - 1, wild])
+            + struct.pack("<4H", *(box or (0, 0, 0, 0))) + pixels)
+
+
+def run_resample(ck: ModuleType, data: bytes) -> None:
+    """Input: ``flags u8`` (bits 0-2: filter, mod 5; bit 3: RGB, else L; bit 4: an L image as
+    (H, W, 1); bits 5-6: SIMD level, 3 = the best; bit 7: the whole image as box)
+    ``| h-1 u8 | w-1 u8 | out_w-1 u8 | out_h-1 u8 | wild u8 | box 4 x u16 | pixels``. Sizes are
+    taken mod 24 (source) and mod 40 (output); the pixels repeat to fill the image. The box is
+    fractions of the image, sorted; with ``wild & 1`` unsorted fractions of -1/4 .. 5/4 of it, so
+    some are refused: then both must raise ValueError. Reference: Pillow's own resize."""
+    from streamio.decoders._resample import resize_pillow
+
+    inp = Input(data)
+    flags = inp.byte()
+    h, w = inp.byte() % 24 + 1, inp.byte() % 24 + 1
+    out_w, out_h = inp.byte() % 40 + 1, inp.byte() % 40 + 1
+    wild = inp.byte() & 1
+    raw = [inp.u16() for _ in range(4)]
+    filt = RESAMPLE_FILTERS[(flags & 7) % 5]
+    shape = (h, w, 3) if flags & 8 else (h, w, 1) if flags & 16 else (h, w)
+    body = inp.rest() or b"\0"
+    pixels = np.frombuffer((body * (h * w * 3 // len(body) + 1))[:int(np.prod(shape))],
+                           np.uint8).reshape(shape)
+    if flags & 128:
+        box = (0.0, 0.0, float(w), float(h))
+    elif wild:
+        box = tuple((v / 65535 * 1.5 - 0.25) * (w if i % 2 == 0 else h) for i, v in enumerate(raw))
+    else:
+        xs = sorted((raw[0] / 65535 * w, raw[2] / 65535 * w))
+        ys = sorted((raw[1] / 65535 * h, raw[3] / 65535 * h))
+        box = (xs[0], ys[0], xs[1], ys[1])
+    isa = (flags >> 5) & 3
+    out = np.full((out_h, out_w) + shape[2:], 0xA5, np.uint8)
+    try:
+        expected = resize_pillow(pixels, (out_w, out_h), filt, box)
+    except ValueError as exc:
+        try:
+            ck.resample(pixels, out, RESAMPLE_FILTERS.index(filt) + 1, *box, -1 if isa == 3 else isa)
+        except ValueError:
+            return
+        raise Mismatch(f"Pillow refused box {box} of a {w}x{h} image ({exc}); the kernel did not")
+    ck.resample(pixels, out, RESAMPLE_FILTERS.index(filt) + 1, *box, -1 if isa == 3 else isa)
+    if not np.array_equal(out, expected):
+        raise Mismatch(f"{filt} {shape} -> {out_w}x{out_h} box {box} isa {isa}: "
+                       f"{int((out != expected).sum())} bytes differ")
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -552,6 +610,7 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
     Target("crc32c", ("crc32c", "crc32c_portable", "crc32c_sse42"), run_crc32c, ()),
     Target("find_sync", ("find_tfrecord_sync", "find_recordio_sync"), run_find_sync,
            ("streamio.formats.tfrecord", "streamio.formats.recordio")),
+    Target("resample", ("resample",), run_resample, ("streamio.decoders._resample",)),
 ]}
 
 
