@@ -63,10 +63,12 @@ setup(
         # Zstandard: the stdlib's compression.zstd from 3.14, its backport before (bounded
         # decompress(max_length), which the zstandard package lacks).
         "zstd": ["backports.zstd>=1.0; python_version<'3.14'"],
-        # Pillow: PNG, resizing, and JPEG where simplejpeg has no wheel; simplejpeg: libjpeg-turbo
-        # JPEG decoding without the GIL (see streamio/decoders/image.py and the README).
-        "image": ["pillow>=9.1", "simplejpeg>=1.6"],
-        "bench": ["pandas", "tfrecord", "isal>=1.6", "zlib-ng>=0.5", "pillow>=9.1",
+        # Pillow: PNG, and JPEG where simplejpeg has no wheel; its resize is what streamio's
+        # resample kernel reproduces byte for byte, as of 13 (which runs the vertical pass first
+        # for some shapes); simplejpeg: libjpeg-turbo JPEG decoding without the GIL (see
+        # streamio/decoders/image.py and the README).
+        "image": ["pillow>=13", "simplejpeg>=1.6"],
+        "bench": ["pandas", "tfrecord", "isal>=1.6", "zlib-ng>=0.5", "pillow>=13",
                   "simplejpeg>=1.6"],
         "fuzz": ["atheris>=2.3"],
         "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
