@@ -1113,9 +1113,12 @@ def test_find_tfrecord_sync_finds_headers_of_every_length_width_after_zero_free_
             for tail in (b"", b"\x01" * 5):
                 data = garbage + header + tail
                 for limit in (length, (1 << 8 * width) - 1, (1 << 56) - 1):
-                    want = _find_tfrecord_sync_loop(data, 0, len(data), limit)
-                    assert want == size, (width, size, limit)
-                    assert kernel(data, 0, len(data), limit) == want, (width, size, limit)
+                    # from the start, and from each of the 64 offsets before the header (the
+                    # header's top zero byte at every place in the search's first block)
+                    for pos in (0, *range(size - 64, size + 1)):
+                        want = _find_tfrecord_sync_loop(data, pos, len(data), limit)
+                        assert want == size, (width, size, limit, pos)
+                        assert kernel(data, pos, len(data), limit) == want, (width, size, pos)
                     assert kernel(data, 0, len(data) - len(tail) - 1, limit) == -1
 
 

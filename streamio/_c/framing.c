@@ -366,12 +366,13 @@ static inline int lowest_bit(uint64_t x) /* x != 0 */
  *
  * A length within a limit below 2**(8k) has zero bytes k..7, so a block of 56 offsets is first
  * narrowed to the offsets whose top bytes are zero, from one bitmask of the zero bytes among 64
- * (SSE2 compares on x86-64); a block without any zero byte is left for the next zero byte, which
- * memchr finds at memory speed (random garbage: one in 256). Garbage that leaves many (small
- * integers: three offsets in eight; mostly-zero bytes) pays only the exact test per candidate,
- * without a branch that depends on the data: the 8-byte CRC (one crc32 instruction, inlined,
- * where the CPU has it) is computed whether or not the length is within the limit. A memchr per
- * candidate to find the next, with branches on the length, ran that garbage at 100-200 MB/s.
+ * (SSE2 compares on x86-64); after a block whose last byte is not zero, the search goes on at
+ * the next zero byte, which memchr finds at memory speed (random garbage: one in 256). Garbage
+ * that leaves many candidates (small integers: three offsets in eight; mostly-zero bytes) pays
+ * only the exact test per candidate, without a branch that depends on the data: the 8-byte CRC
+ * (one crc32 instruction, inlined, where the CPU has it) is computed whether or not the length
+ * is within the limit. A memchr per candidate to find the next, with branches on the length,
+ * ran that garbage at 100-200 MB/s.
  * A block that starts in a run of one byte (zeros, 0xFF padding) is passed over with the run:
  * no 12 bytes of one value are a sound header (tests/test_resync.py checks all 256).
  * ``zero_bytes64`` and ``crc8`` are the zero-byte mask and the CRC-32C of 8 bytes; always_inline:
@@ -396,24 +397,14 @@ tfrecord_sync_body(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, con
         }
         uint64_t cand;
         Py_ssize_t next;
+        int to_next_zero = 0;
         if (end - q >= SYNC_BLOCK + TFRECORD_HEADER - 1) { /* the block's last header is whole */
             cand = ((uint64_t)1 << SYNC_BLOCK) - 1;
             if (low_bytes < 8) {
                 uint64_t zeros = zero_bytes64(buf + q);
-                if (zeros == 0) {
-                    /* No zero byte in [q, q + 64): a candidate r > q + 56 has one at r + 7.
-                     * Zero bytes past end - 5 belong to no whole header. */
-                    Py_ssize_t from = q + 64;
-                    if (end - 5 < from)
-                        return -1;
-                    const unsigned char *z = memchr(buf + from, 0, (size_t)(end - 5 - from) + 1);
-                    if (z == NULL)
-                        return -1;
-                    q = (z - buf) - 7;
-                    continue;
-                }
                 for (int j = low_bytes; j < 8; j++)
                     cand &= zeros >> j; /* offset i: byte i + j is zero */
+                to_next_zero = !(zeros >> 63);
             }
             next = q + SYNC_BLOCK;
         } else { /* the last few offsets (at most 55), each a candidate */
@@ -427,6 +418,17 @@ tfrecord_sync_body(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end, con
             int sound = (length <= limit) & (mask_crc(crc8(buf + r)) == load_le32(buf + r + 8));
             if (sound)
                 return r;
+        }
+        if (to_next_zero) {
+            /* Byte q + 63 is not zero: the next candidate (r > q + 56) has its byte r + 7 zero,
+             * past it. Zero bytes past end - 5 belong to no whole header. */
+            Py_ssize_t from = q + 64;
+            if (end - 5 < from)
+                return -1;
+            const unsigned char *z = memchr(buf + from, 0, (size_t)(end - 5 - from) + 1);
+            if (z == NULL)
+                return -1;
+            next = (z - buf) - 7;
         }
         q = next;
     }
