@@ -4,19 +4,22 @@ Feeds garbage in 1 MiB chunks to a framer with ``on_error="skip"``: every byte i
 the next sound header, none is found. Prints MB/s (10**6 bytes per second) per format and garbage
 kind (CPU time), with the C kernels and with the pure-Python code a framer uses where the extension did not
 build (``accelerate=False``). Garbage: zeros and random bytes, and small little-endian u64s
-(every 8th offset holds a plausible TFRecord length: the dense case of the numpy search).
+(every 8th offset holds a plausible TFRecord length: the dense case of the searches), and RecordIO
+magic numbers, each before an lrec whose length is over the limit: every other aligned word a
+magic number that the RecordIO searches must reject.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import struct
 import sys
 import time
 
 import numpy as np
 
-from streamio.formats.recordio import RecordIOFramer
+from streamio.formats.recordio import LENGTH_MASK, MAGIC, RecordIOFramer
 from streamio.formats.tfrecord import TFRecordFramer
 
 CHUNK = 1 << 20
@@ -25,6 +28,7 @@ GARBAGE = {
     "random": os.urandom,
     "u64s": lambda n: np.random.default_rng(0).integers(0, 1000, n // 8 + 1, "<u8")
     .tobytes()[:n & ~7],  # whole u64s: RecordIO wants a 4-aligned garbage length
+    "magics": lambda n: (struct.pack("<II", MAGIC, LENGTH_MASK) * (n // 8 + 1))[:n & ~7],
 }
 
 

@@ -998,7 +998,10 @@ def test_decode_kernels_read_a_list_another_thread_empties_meanwhile():
 
 # -- resynchronisation kernels (issue #10, finding 7) ----------------------------------------------
 
-from streamio.formats.recordio import find_recordio_sync  # noqa: E402
+import numpy as np  # noqa: E402
+
+from streamio.formats import masked_crc32c  # noqa: E402
+from streamio.formats.recordio import _find_recordio_sync_loop, find_recordio_sync  # noqa: E402
 from streamio.formats.tfrecord import _find_tfrecord_sync_loop, find_tfrecord_sync  # noqa: E402
 from streamio.formats._tfrecord_sync import find_tfrecord_sync_numpy  # noqa: E402
 
@@ -1027,8 +1030,129 @@ def test_find_tfrecord_sync_equals_reference(data, limit, wrap, draw):
     # the C kernel, the specification (the loop) and the numpy search used without C agree
     expected = _find_tfrecord_sync_loop(buf, pos, end, limit)
     assert speedups.find_tfrecord_sync(buf, pos, end, limit) == expected
+    assert speedups._find_tfrecord_sync_portable(buf, pos, end, limit) == expected
     assert find_tfrecord_sync_numpy(buf, pos, end, limit) == expected
     assert find_tfrecord_sync(buf, pos, end, limit) == expected
+
+
+# Garbage where nearly every offset passes the C search's first filter (the length's top bytes
+# are zero), so its exact test runs offset after offset: small integers (u64 and u32), mostly-zero
+# bytes; frames whole and cut planted in it.
+@st.composite
+def dense_tfrecord_garbage(draw):
+    small = st.lists(st.integers(0, draw(st.sampled_from([1000, 1 << 20]))), min_size=1,
+                     max_size=30)
+    pieces = draw(st.lists(st.one_of(
+        small.map(lambda vs: struct.pack(f"<{len(vs)}Q", *vs)),
+        small.map(lambda vs: struct.pack(f"<{len(vs)}I", *vs)),
+        st.lists(st.sampled_from([0, 0, 0, 0, 0, 0, 0, 0, 1, 0x80]), max_size=120).map(bytes),
+        st.binary(max_size=20),
+        tfrecord_streams,
+        tfrecord_streams.map(lambda s: s[:len(s) // 2])), min_size=1, max_size=8))
+    return b"".join(pieces)
+
+
+dense_limits = st.one_of(st.just(1 << 28), st.sampled_from(
+    [0, 255, 256, 1 << 16, (1 << 32) - 1, 1 << 40, (1 << 56) - 1, 1 << 56, (1 << 64) - 1]))
+tfrecord_sync_kernels = [speedups.find_tfrecord_sync, speedups._find_tfrecord_sync_portable]
+
+
+@SLOW_OK
+@given(data=dense_tfrecord_garbage(), limit=dense_limits, draw=st.data())
+def test_find_tfrecord_sync_on_dense_candidates_equals_reference(data, limit, draw):
+    pos, end = draw.draw(pos_end(len(data)))
+    expected = _find_tfrecord_sync_loop(data, pos, end, limit)
+    for kernel in tfrecord_sync_kernels:
+        assert kernel(data, pos, end, limit) == expected, kernel
+
+
+@pytest.mark.parametrize("kernel", tfrecord_sync_kernels)
+def test_find_tfrecord_sync_never_takes_a_header_cut_by_the_end(kernel):
+    # The C search tests 56 offsets per block: whatever offset it starts from, a header that the
+    # end cuts short is not sound, and the whole one is found, after small-integer garbage.
+    garbage = np.random.default_rng(3).integers(0, 1000, 40, "<u8").tobytes()
+    data = garbage + encode_tfrecord(b"payload")
+    for pos in range(0, 64):
+        for end in range(len(garbage), len(garbage) + 14):
+            assert kernel(data, pos, end, 1 << 28) == \
+                _find_tfrecord_sync_loop(data, pos, end, 1 << 28), (pos, end)
+
+
+def test_find_tfrecord_sync_finds_the_header_after_dense_garbage():
+    rng = np.random.default_rng(5)
+    frame = encode_tfrecord(b"payload")
+    garbages = {
+        "u64 < 1000": rng.integers(0, 1000, 8_000, "<u8").tobytes(),
+        "u32 < 1000": rng.integers(0, 1000, 16_000, "<u4").tobytes(),
+        "90% zero bytes": (rng.integers(1, 256, 64_000) * (rng.random(64_000) < 0.1))
+        .astype(np.uint8).tobytes(),
+    }
+    for name, garbage in garbages.items():
+        data = garbage + frame
+        # a limit that every small integer passes, and one of 2**56 - 1 (any top byte zero)
+        for start, limit in [(0, 1 << 28), (1, 1 << 28), (7, 1 << 28), (4095, 1 << 28),
+                             (0, (1 << 64) - 1), (0, (1 << 56) - 1)]:
+            want = _find_tfrecord_sync_loop(data, start, len(data), limit)
+            assert limit > 1 << 28 or want <= len(garbage), name
+            for kernel in tfrecord_sync_kernels:
+                assert kernel(data, start, len(data), limit) == want, (name, start, limit, kernel)
+
+
+@pytest.mark.parametrize("kernel", tfrecord_sync_kernels)
+def test_find_tfrecord_sync_finds_headers_of_every_length_width_after_zero_free_garbage(kernel):
+    # A stretch without zero bytes is passed over to the next zero byte (memchr); the header
+    # after it is found whether its length uses 1 or 7 bytes (the limit lets it), also as the
+    # last 12 bytes of the span.
+    rng = np.random.default_rng(11)
+    for width in range(1, 8):
+        length = int.from_bytes(bytes(range(1, width + 1)), "little")
+        header = struct.pack("<Q", length)
+        header += struct.pack("<I", masked_crc32c(header))
+        for size in (100, 131, 1000):
+            garbage = rng.integers(1, 256, size, np.uint8).tobytes()
+            for tail in (b"", b"\x01" * 5):
+                data = garbage + header + tail
+                for limit in (length, (1 << 8 * width) - 1, (1 << 56) - 1):
+                    # from the start, and from each of the 64 offsets before the header (the
+                    # header's top zero byte at every place in the search's first block)
+                    for pos in (0, *range(size - 64, size + 1)):
+                        want = _find_tfrecord_sync_loop(data, pos, len(data), limit)
+                        assert want == size, (width, size, limit, pos)
+                        assert kernel(data, pos, len(data), limit) == want, (width, size, pos)
+                    assert kernel(data, 0, len(data) - len(tail) - 1, limit) == -1
+
+
+@pytest.mark.parametrize("garbage", [bytes(1000), b"\x01\x02\x03\x04" * 250], ids=["zeros", "words"])
+def test_find_recordio_sync_finds_a_header_in_the_last_bytes_after_magic_free_garbage(garbage):
+    # Past 16 words without the magic the next 0x0A byte is looked for (memchr): a header that
+    # is the span's last 8 bytes is found, at every alignment of the record and the search.
+    header = encode_recordio(b"")
+    for shift in range(8):
+        data = garbage[:len(garbage) - shift] + header
+        for base in range(4):
+            for pos in (0, 1, 2, 3):
+                want = _find_recordio_sync_loop(data, pos, len(data), base, 1000)
+                assert (want == len(data) - 8) == ((base + len(data)) % 4 == 0), (shift, base)
+                assert speedups.find_recordio_sync(data, pos, len(data), base, 1000) == want
+                assert speedups.find_recordio_sync(data, pos, len(data) - 1, base, 1000) == -1
+
+
+@pytest.mark.parametrize("shape", ["aligned magics", "middle parts", "too large"])
+def test_find_recordio_sync_finds_the_header_after_magic_garbage(shape):
+    # Every aligned word a magic number that cannot start a record: the C search tests 16 words
+    # at a time; it must stop at the record, whatever the alignment of pos, base and end.
+    unit = {"aligned magics": MAGIC_BYTES, "middle parts": MAGIC_BYTES + struct.pack("<I", 2 << 29),
+            "too large": MAGIC_BYTES + struct.pack("<I", 5000)}[shape]
+    garbage = unit * (1000 // len(unit))
+    data = garbage + encode_recordio(b"payload") + MAGIC_BYTES
+    for base in range(4):
+        for pos in range(64):  # groups of 16 words starting at every offset mod 64
+            for end in (len(data), len(garbage) + 8, len(garbage) + 7):
+                want = find_recordio_sync(data, pos, end, base, 1000)
+                assert speedups.find_recordio_sync(data, pos, end, base, 1000) == want, \
+                    (base, pos, end)
+                if base == 0 and end > len(garbage) + 7:
+                    assert want == len(garbage)
 
 
 @SLOW_OK
@@ -1037,8 +1161,9 @@ def test_find_tfrecord_sync_equals_reference(data, limit, wrap, draw):
 def test_find_recordio_sync_equals_reference(data, limit, base, wrap, draw):
     pos, end = draw.draw(pos_end(len(data)))
     buf = wrap(data)
-    assert speedups.find_recordio_sync(buf, pos, end, base, limit) == \
-        find_recordio_sync(buf, pos, end, base, limit)
+    expected = _find_recordio_sync_loop(buf, pos, end, base, limit)
+    assert speedups.find_recordio_sync(buf, pos, end, base, limit) == expected
+    assert find_recordio_sync(buf, pos, end, base, limit) == expected
 
 
 def test_find_sync_kernels_find_the_planted_header_after_long_garbage():

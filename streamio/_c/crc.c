@@ -348,6 +348,18 @@ static uint32_t crc32c_copy_portable(uint32_t crc, unsigned char *dst, const uns
     return crc32c_portable(crc, p, len);
 }
 
+/* CRC-32C of exactly 8 bytes (a TFRecord length field) without the general loop's alignment
+ * set-up: one slicing-by-8 step. The resync search computes one at nearly every offset of some
+ * garbage (small integers); where the CPU has the crc32 instruction it inlines that instead. */
+uint32_t crc32c_8_portable(const unsigned char *p)
+{
+    uint32_t lo = ~load_le32(p), hi = load_le32(p + 4);
+    return ~(crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^
+             crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24] ^
+             crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+             crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24]);
+}
+
 crc_fn crc32c_update = crc32c_portable; /* chosen at import */
 static crc_fn crc32c_sse42_or_portable = crc32c_portable; /* for tests on AVX-512 machines */
 crc_copy_fn crc32c_copy = crc32c_copy_portable;

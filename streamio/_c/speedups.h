@@ -6,6 +6,7 @@
  *
  *   crc.c        crc32c, crc32c_portable               the crc32c package
  *   framing.c    scan_tfrecords, scan_recordio         streamio/formats/tfrecord.py, recordio.py
+ *                find_tfrecord_sync, find_recordio_sync (the loops beside them)
  *   protobuf.c   parse_examples                        streamio/decoders/example.py
  *                parse_sequence_examples               streamio/decoders/example.py
  *                parse_recordio_protobuf               streamio/decoders/recordio_protobuf.py
@@ -108,7 +109,8 @@ typedef uint32_t (*crc_fn)(uint32_t, const unsigned char *, size_t);
 typedef uint32_t (*crc_copy_fn)(uint32_t, unsigned char *, const unsigned char *, size_t);
 extern crc_fn crc32c_update;    /* CRC-32C of p[0:len] continuing from crc */
 extern crc_copy_fn crc32c_copy; /* the same, copying p to dst as it goes */
-extern int crc_is_hardware;
+extern int crc_is_hardware;     /* crc_init chose the crc32 instruction (SSE4.2) */
+uint32_t crc32c_8_portable(const unsigned char *p); /* CRC-32C of p[0:8], by tables */
 void crc_init(void);
 
 /* TFRecord: masked_crc32c(x) = ((crc >> 15) | (crc << 17)) + 0xA282EAD8. */

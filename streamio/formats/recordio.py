@@ -23,6 +23,7 @@ from ..errors import CorruptRecordError, FormatError, RecordTooLargeError, Trunc
 from ..errors import UsageError
 from ._base import DEFAULT_MAX_RECORD_SIZE, OnError
 from ._framing import BAD_HEADER, OK, SPECIAL, TOO_LARGE, UNCONFIRMED, LengthPrefixedFramer
+from ._recordio_sync import find_recordio_sync_numpy
 
 MAGIC = 0xCED7230A
 MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -66,6 +67,11 @@ def scan_recordio(buf, pos: int, end: int, max_record_size: int, out: list) -> t
 
 
 _MAGIC_SEARCH = re.compile(re.escape(MAGIC_BYTES)).search  # works on any buffer, no copy
+# Magic numbers the loop rejects before the rest of the search goes to numpy: on garbage the
+# magic is rare and ``re`` finds it at GB/s, but each rejected one costs the loop about a
+# microsecond of Python (garbage made of magic numbers ran at 7-25 MB/s); numpy's set-up costs
+# about what the loop spends on ten.
+_LOOP_REJECTS = 8
 
 
 def find_recordio_sync(buf, pos: int, end: int, base: int, max_record_size: int) -> int:
@@ -73,9 +79,31 @@ def find_recordio_sync(buf, pos: int, end: int, base: int, max_record_size: int)
 
     A record (or the first part of one) starts at a 4-aligned stream offset (``base + q``) with
     the magic number, cflag 0 or 1 and a length within ``max_record_size``. Reference of
-    ``streamio._speedups.find_recordio_sync``; searching for the magic with ``re`` keeps even this
-    pure-Python version fast on garbage.
+    ``streamio._speedups.find_recordio_sync``, and what the framer uses without it:
+    :func:`_find_recordio_sync_loop` (the specification) until it has rejected a few magic
+    numbers, then the numpy version (same answers) for the rest.
     """
+    last = end - HEADER_SIZE
+    rejects = 0
+    while pos <= last:
+        hit = _MAGIC_SEARCH(buf, pos, last + 4)
+        if hit is None:
+            return -1
+        q = hit.start()
+        if not (base + q) & 3:
+            lrec = _HEADER.unpack_from(buf, q)[1]
+            if lrec >> 29 <= 1 and lrec & LENGTH_MASK <= max_record_size:
+                return q
+        pos = q + 1
+        rejects += 1
+        if rejects > _LOOP_REJECTS:
+            return find_recordio_sync_numpy(buf, pos, end, base, max_record_size)
+    return -1
+
+
+def _find_recordio_sync_loop(buf, pos: int, end: int, base: int, max_record_size: int) -> int:
+    """``find_recordio_sync`` spelled out, the specification: every magic number ``re`` finds
+    is tested in turn."""
     last = end - HEADER_SIZE
     while pos <= last:
         hit = _MAGIC_SEARCH(buf, pos, last + 4)

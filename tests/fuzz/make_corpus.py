@@ -338,6 +338,14 @@ def find_sync_seeds(rng: random.Random) -> List[bytes]:
         seeds.append(T.encode_find_sync(rng.randbytes(8) + frame[:12]))
     seeds.append(T.encode_find_sync(bytes(4096)))  # a run of zeros: the slow case once
     seeds.append(T.encode_find_sync(rng.randbytes(2048), limit=16))
+    # dense candidates (the search's block filters pass nearly every offset / aligned word):
+    # small u64s before a TFRecord frame, magic numbers before a RecordIO one
+    small = b"".join(struct.pack("<Q", rng.randrange(1000)) for _ in range(200))
+    seeds.append(T.encode_find_sync(small + encode_tfrecord(b"payload"), which=1, limit=1 << 28))
+    magics = (b"\x0a\x23\xd7\xce" + struct.pack("<I", 2 << 29)) * 100
+    for base in range(4):
+        seeds.append(T.encode_find_sync(magics + encode_recordio(b"payload"), which=2, base=base,
+                                        cut=base))
     return seeds
 
 

@@ -496,9 +496,12 @@ def run_find_sync(ck: ModuleType, data: bytes) -> None:
     ``base`` mod 4 for RecordIO's alignment) ``| pos u16 | cut u16 | limit u32 | buffer``.
     ``pos`` and ``end`` (the buffer's length minus ``cut``) are clamped into the buffer, as a
     framer passes them; ``limit`` is ``max_record_size`` (0 means 1). Same offset or -1 from C and
-    Python. References: ``find_tfrecord_sync`` / ``find_recordio_sync`` beside their framers."""
-    from streamio.formats.recordio import find_recordio_sync
-    from streamio.formats.tfrecord import find_tfrecord_sync
+    Python. References: the specifications ``_find_tfrecord_sync_loop`` /
+    ``_find_recordio_sync_loop`` beside their framers, and the numpy searches the framers use
+    without C (``find_tfrecord_sync`` / ``find_recordio_sync``). The C TFRecord search is also
+    run in its portable build (``_find_tfrecord_sync_portable``: no SSE2, CRCs from tables)."""
+    from streamio.formats.recordio import _find_recordio_sync_loop, find_recordio_sync
+    from streamio.formats.tfrecord import _find_tfrecord_sync_loop, find_tfrecord_sync
 
     inp = Input(data)
     flags, pos, cut, limit = inp.byte(), inp.u16(), inp.u16(), inp.u32()
@@ -507,12 +510,18 @@ def run_find_sync(ck: ModuleType, data: bytes) -> None:
     pos = min(pos, end)
     limit = max(1, limit)
     if flags & 1 and hasattr(ck, "find_tfrecord_sync"):
-        expect_equal("find_tfrecord_sync", ck.find_tfrecord_sync(buf, pos, end, limit),
-                     find_tfrecord_sync(buf, pos, end, limit))
+        want = _find_tfrecord_sync_loop(buf, pos, end, limit)
+        expect_equal("find_tfrecord_sync", ck.find_tfrecord_sync(buf, pos, end, limit), want)
+        if hasattr(ck, "_find_tfrecord_sync_portable"):
+            expect_equal("_find_tfrecord_sync_portable",
+                         ck._find_tfrecord_sync_portable(buf, pos, end, limit), want)
+        expect_equal("find_tfrecord_sync (numpy)", find_tfrecord_sync(buf, pos, end, limit), want)
     if flags & 2 and hasattr(ck, "find_recordio_sync"):
         base = (flags >> 2) & 3
-        expect_equal("find_recordio_sync", ck.find_recordio_sync(buf, pos, end, base, limit),
-                     find_recordio_sync(buf, pos, end, base, limit))
+        want = _find_recordio_sync_loop(buf, pos, end, base, limit)
+        expect_equal("find_recordio_sync", ck.find_recordio_sync(buf, pos, end, base, limit), want)
+        expect_equal("find_recordio_sync (numpy)", find_recordio_sync(buf, pos, end, base, limit),
+                     want)
 
 
 # --- image resampling ---------------------------------------------------------------------------
@@ -608,8 +617,9 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
     Target("shuffle_exchange_int64", ("shuffle_exchange_int64",), run_shuffle_exchange_int64,
            ("streamio.pipeline.shuffle",)),
     Target("crc32c", ("crc32c", "crc32c_portable", "crc32c_sse42"), run_crc32c, ()),
-    Target("find_sync", ("find_tfrecord_sync", "find_recordio_sync"), run_find_sync,
-           ("streamio.formats.tfrecord", "streamio.formats.recordio")),
+    Target("find_sync", ("find_tfrecord_sync", "find_recordio_sync", "_find_tfrecord_sync_portable"),
+           run_find_sync, ("streamio.formats.tfrecord", "streamio.formats._tfrecord_sync",
+                           "streamio.formats.recordio", "streamio.formats._recordio_sync")),
     Target("resample", ("resample",), run_resample, ("streamio.decoders._resample",)),
 ]}
 
