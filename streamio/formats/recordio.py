@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Literal, Optional
+from typing import Literal, Optional, Tuple
 
 from ..errors import CorruptRecordError, FormatError, RecordTooLargeError, TruncatedStreamError
 from ..errors import UsageError
@@ -83,39 +83,38 @@ def find_recordio_sync(buf, pos: int, end: int, base: int, max_record_size: int)
     :func:`_find_recordio_sync_loop` (the specification) until it has rejected a few magic
     numbers, then the numpy version (same answers) for the rest.
     """
-    last = end - HEADER_SIZE
-    rejects = 0
-    while pos <= last:
-        hit = _MAGIC_SEARCH(buf, pos, last + 4)
-        if hit is None:
-            return -1
-        q = hit.start()
-        if not (base + q) & 3:
-            lrec = _HEADER.unpack_from(buf, q)[1]
-            if lrec >> 29 <= 1 and lrec & LENGTH_MASK <= max_record_size:
-                return q
-        pos = q + 1
-        rejects += 1
-        if rejects > _LOOP_REJECTS:
-            return find_recordio_sync_numpy(buf, pos, end, base, max_record_size)
-    return -1
+    found, stopped = _magic_loop(buf, pos, end, base, max_record_size, _LOOP_REJECTS)
+    if stopped is None:
+        return found
+    return find_recordio_sync_numpy(buf, stopped, end, base, max_record_size)
 
 
 def _find_recordio_sync_loop(buf, pos: int, end: int, base: int, max_record_size: int) -> int:
     """``find_recordio_sync`` spelled out, the specification: every magic number ``re`` finds
     is tested in turn."""
+    return _magic_loop(buf, pos, end, base, max_record_size, None)[0]
+
+
+def _magic_loop(buf, pos: int, end: int, base: int, max_record_size: int,
+                give_up: Optional[int]) -> Tuple[int, Optional[int]]:
+    """Test the magic numbers ``re`` finds in turn: ``(offset or -1, None)``, or ``(-1, where
+    to go on)`` once more than ``give_up`` were rejected."""
     last = end - HEADER_SIZE
+    rejects = 0
     while pos <= last:
         hit = _MAGIC_SEARCH(buf, pos, last + 4)
         if hit is None:
-            return -1
+            return -1, None
         q = hit.start()
         if not (base + q) & 3:
             lrec = _HEADER.unpack_from(buf, q)[1]
             if lrec >> 29 <= 1 and lrec & LENGTH_MASK <= max_record_size:
-                return q
+                return q, None
         pos = q + 1
-    return -1
+        rejects += 1
+        if give_up is not None and rejects > give_up:
+            return -1, pos
+    return -1, None
 
 
 try:
