@@ -122,6 +122,15 @@ def test_long_searches_find_the_planted_header():
         assert find_tfrecord_sync(data, 0, len(data) - 1, 1 << 28) in (expected, -1), name
 
 
+def feed_in_chunks(framer, data: bytes, chunk: int) -> list:
+    """Every record ``framer`` gives for ``data`` fed ``chunk`` bytes at a time, as a reader
+    feeds it, then finished."""
+    out = []
+    for at in range(0, len(data), chunk):
+        out += framer.feed(memoryview(data)[at:at + chunk])
+    return out + framer.finish()
+
+
 def test_pure_python_framer_skips_megabytes_of_garbage_and_counts_them():
     # What a user on a platform without the C extension sees: a damaged header, then 6 MB of
     # zeros and random bytes, then good records; fed in 1 MiB chunks as a reader does.
@@ -134,10 +143,7 @@ def test_pure_python_framer_skips_megabytes_of_garbage_and_counts_them():
         b"".join(map(encode_tfrecord, after))
     framer = TFRecordFramer(source="damaged", on_error="skip", accelerate=False)
     assert framer._sync_kernel is find_tfrecord_sync
-    out = []
-    for at in range(0, len(data), 1 << 20):
-        out += framer.feed(memoryview(data)[at:at + (1 << 20)])
-    out += framer.finish()
+    out = feed_in_chunks(framer, data, 1 << 20)
     assert out == before + after
     assert framer.skipped_records == 1
     assert framer.skipped_bytes == len(damaged) + len(garbage)
@@ -246,9 +252,6 @@ def test_pure_python_recordio_framer_skips_magic_garbage():
         b"".join(map(encode_recordio, after))
     framer = RecordIOFramer(source="damaged", on_error="skip", accelerate=False)
     assert framer._sync_kernel is find_recordio_sync
-    out = []
-    for at in range(0, len(data), 1 << 16):
-        out += framer.feed(memoryview(data)[at:at + (1 << 16)])
-    out += framer.finish()
+    out = feed_in_chunks(framer, data, 1 << 16)
     assert out == before + after
     assert framer.skipped_bytes == len(damaged) + len(garbage)

@@ -17,8 +17,8 @@ most half the source, the fast path of a resize) when it is installed; PNG and e
 and JPEGs simplejpeg cannot convert (CMYK), go to Pillow, whose incremental ``ImageFile.Parser``
 takes bytes, not a file. Resizing and cropping are one Pillow ``resize`` over the crop's source
 box (one resampling pass over only the pixels that are kept); for simplejpeg's arrays that is
-streamio's C kernel (``streamio/decoders/_resample.py``), which gives Pillow's bytes exactly. Both libraries come with
-``pip install 'streamio[image]'``.
+streamio's C kernel (``streamio/decoders/_resample.py``), which gives Pillow's bytes exactly.
+Both libraries come with ``pip install 'streamio[image]'``.
 
 Shapes: with a fixed output size (``size=224``; ``resize=256, crop=224``; ``resize=(h, w)``;
 a :class:`RandomResizedCrop`) a batch is one ``(B, H, W, C)`` uint8 array (``(B, C, H, W)`` with

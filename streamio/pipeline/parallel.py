@@ -63,7 +63,8 @@ from typing import Any, Callable, Iterator, Literal, Optional
 import numpy as np
 
 from ..errors import FormatError, MapError, UsageError, UsageTypeError
-from .shm_results import ChildResults, ParentResults, attach, dump_results
+from .shm_results import (ChildResults, ParentResults, attach, dump_results,
+                          release_segment)
 
 __all__ = ["MAX_INFLIGHT_BYTES", "MapBackend", "TASK_BYTES", "TASK_ITEMS", "filter_blocks",
            "item_rng", "map_blocks"]
@@ -468,7 +469,7 @@ class _Processes:
         segment = self.segments.get((child, slot))
         if segment is None or segment.size < size:
             if segment is not None:
-                _release(segment)
+                release_segment(segment)
             self.generation += 1
             capacity = max(TASK_BYTES, 1 << max(0, size - 1).bit_length())
             segment = shared_memory.SharedMemory(
@@ -579,20 +580,10 @@ class _Processes:
         self.results.close(leftovers)
         self.conns, self.procs = [], []
         for segment in self.segments.values():
-            _release(segment)
+            release_segment(segment)
         self.segments.clear()
         self.tasks.clear()
         self.finished.clear()
-
-
-def _release(segment: shared_memory.SharedMemory) -> None:
-    try:
-        segment.close()
-    finally:
-        try:
-            segment.unlink()
-        except FileNotFoundError:
-            pass
 
 
 # -- the stages ------------------------------------------------------------------------------------

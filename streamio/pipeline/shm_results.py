@@ -52,7 +52,8 @@ try:  # what multiprocessing.shared_memory itself uses on POSIX
 except ImportError:  # pragma: no cover - not POSIX: results are copied out
     _posixshmem = None
 
-__all__ = ["LEASES", "OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach", "dump_results"]
+__all__ = ["LEASES", "OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach", "dump_results",
+           "release_segment"]
 
 #: Buffers at least this large go through shared memory; smaller ones stay in the pickle, where
 #: they cost less than the bookkeeping of a span.
@@ -134,7 +135,7 @@ class ChildResults:
                 # Replace a free segment that is too small rather than add one: the parent
                 # attaches by name and drops its mapping of a retired one.
                 old = self.free.pop()
-                _unlink(self.segments.pop(old))
+                release_segment(self.segments.pop(old))
                 retired.append(old)
             self.segments[name] = segment
         view = segment.buf
@@ -153,12 +154,17 @@ class ChildResults:
         self.free.clear()
 
 
-def _unlink(segment: shared_memory.SharedMemory) -> None:
-    segment.close()
+def release_segment(segment: shared_memory.SharedMemory) -> None:
+    """Unmap a segment and unlink its name (gone already is fine). Both sides use it: the map
+    stage for its input slots, a map process for result segments it replaces, the parent for
+    every name left at close."""
     try:
-        segment.unlink()
-    except FileNotFoundError:
-        pass
+        segment.close()
+    finally:
+        try:
+            segment.unlink()
+        except FileNotFoundError:
+            pass
 
 
 class ParentResults:
@@ -234,4 +240,4 @@ class ParentResults:
                 segment = shared_memory.SharedMemory(name)
             except FileNotFoundError:
                 continue  # never created, or already replaced and unlinked by its child
-            _unlink(segment)
+            release_segment(segment)
