@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, Optional
 
+import numpy as np
+
 from ..errors import FormatError
 
-__all__ = ["RecordIndex", "encode_index", "index_misfit", "index_suffix", "parse_index"]
+__all__ = ["RecordIndex", "encode_index", "index_misfit", "index_suffix", "parse_index",
+           "parse_index_lines"]
 
 #: Digits of one number: 2**63 - 1 has 19. More is not an offset in any file (and Python's
 #: ``int()`` of a long digit string is quadratic).
@@ -67,6 +70,36 @@ def parse_index(data: bytes, *, source: Optional[str] = None) -> RecordIndex:
     """The records an index file's bytes list. The first non-blank line decides the dialect (a
     tab: ``key<TAB>offset``); every line must then follow it. Raises :class:`FormatError` naming
     the first line that does not (its number and the byte offset where it starts)."""
+    data = bytes(data)
+    return _parse_canonical(data) or parse_index_lines(data, source=source)
+
+
+def _parse_canonical(data: bytes) -> Optional[RecordIndex]:
+    """The index as the writers write it (``a b\n`` or ``a<TAB>b\n`` lines, numbers of 1-19
+    digits), read with whole-buffer checks, about 3x faster than line by line; None for anything
+    else (then :func:`parse_index_lines`, the reference, reads it and names a bad line)."""
+    if not data.endswith(b"\n"):
+        return None
+    sep = b"\t" if b"\t" in data[:40] else b" "
+    if data.translate(None, b"0123456789\n" + sep):
+        return None
+    # The separators must alternate sep, line feed, sep, ... with 1-19 digits between them.
+    buf = np.frombuffer(data, np.uint8)
+    seps = np.flatnonzero((buf == sep[0]) | (buf == 10))
+    kinds = buf[seps]
+    gaps = np.diff(seps, prepend=-1)
+    if (len(seps) % 2 or not (kinds[0::2] == sep[0]).all() or not (kinds[1::2] == 10).all()
+            or (gaps < 2).any() or (gaps > MAX_DIGITS + 1).any()):
+        return None
+    numbers = list(map(int, data.split()))
+    if sep == b"\t":
+        return RecordIndex(numbers[1::2], None)
+    return RecordIndex(numbers[0::2], numbers[1::2])
+
+
+def parse_index_lines(data: bytes, *, source: Optional[str] = None) -> RecordIndex:
+    """:func:`parse_index`, line by line: any index it accepts (blank lines, ``\r\n``, keys
+    that are not numbers), and the one that names a bad line."""
     offsets: list = []
     lengths: Optional[list] = None
     mxnet: Optional[bool] = None

@@ -587,21 +587,33 @@ def encode_parse_index(text: bytes, *, size: int = 0) -> bytes:
     return struct.pack("<I", size) + text
 
 
+def _index_outcome(parse: Callable[..., Any], text: bytes) -> tuple:
+    from streamio.errors import FormatError
+
+    try:
+        index = parse(text, source="fuzz.index")
+    except FormatError as exc:
+        return ("error", str(exc), exc.source, exc.offset)
+    return ("index", index.offsets, index.lengths)
+
+
 def run_parse_index(ck: ModuleType, data: bytes) -> None:
     """Input: ``data file size u32 | index file bytes``. No C kernel: the index-file parser
-    (streamio.formats.index_file) gives a RecordIndex or a FormatError, nothing else; what it
-    gives, written again by encode_index, reads back the same; index_misfit gives None or a
-    reason."""
-    from streamio.errors import FormatError
-    from streamio.formats.index_file import encode_index, index_misfit, parse_index
+    (streamio.formats.index_file) gives a RecordIndex or a FormatError, nothing else, and the
+    same as its line-by-line reference (parse_index's whole-buffer path for canonical files is
+    the "kernel"); what it gives, written again by encode_index, reads back the same;
+    index_misfit gives None or a reason."""
+    from streamio.formats.index_file import (encode_index, index_misfit, parse_index,
+                                             parse_index_lines)
 
     inp = Input(data)
     size = inp.u32()
-    try:
-        index = parse_index(inp.rest(), source="fuzz.index")
-    except FormatError as exc:
-        expect_equal("error source", exc.source, "fuzz.index")
+    text = inp.rest()
+    got = _index_outcome(parse_index, text)
+    expect_equal("parse_index vs parse_index_lines", got, _index_outcome(parse_index_lines, text))
+    if got[0] == "error":
         return
+    index = parse_index(text)
     why = index_misfit(index, size)
     if why is not None and not isinstance(why, str):
         raise Mismatch(f"index_misfit gave {why!r}")
