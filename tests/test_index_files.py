@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from streamio import Dataset, write_records
-from streamio.errors import FormatError, StreamioWarning
+from streamio.errors import CorruptRecordError, FormatError, StreamioWarning
 from streamio.formats.index_file import (RecordIndex, encode_index, index_misfit, index_suffix,
                                          parse_index)
 from streamio.pipeline.ranges import plan_range
@@ -148,6 +148,27 @@ def test_mxnet_keys_in_any_order_are_fine(tmp_path):
     got, warned = _every_shard(path, "recordio")
     assert all(delivered == records for delivered in got.values()) and not warned
     assert plan_range(path, "recordio", {}, ((3, 1),)).exact
+
+
+def test_writing_an_index_of_a_damaged_file_leaves_nothing_behind(tmp_path):
+    path, _, spans = _data_file(tmp_path, "tfrecord", count=50)
+    data = bytearray(open(path, "rb").read())
+    data[spans[30][0] + 9] ^= 0x40  # a length CRC
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CorruptRecordError):
+        write_index(path, "tfrecord")
+    assert os.listdir(tmp_path) == ["data.tfrecord"]
+
+
+def test_a_changed_index_is_checked_again(tmp_path):
+    # Verdicts are kept per process, keyed by both files' stat: a rewritten index is read anew.
+    path, records, spans = _data_file(tmp_path, "recordio", count=300)
+    write_index(path, "recordio")
+    assert plan_range(path, "recordio", {}, ((2, 1),)).exact
+    with open(path + ".idx", "w") as f:
+        f.write("0\t0\n")  # now it covers one record of 300
+    with pytest.warns(StreamioWarning, match="covers only part of the file"):
+        assert not plan_range(path, "recordio", {}, ((2, 1),)).exact
 
 
 # -- any index at all: the shards tile the file -----------------------------------------------

@@ -158,7 +158,8 @@ def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Option
 #: "offset length" line, with 19-digit numbers): a larger "index" is not one, and is not read.
 _INDEX_BYTES_PER_BYTE = 48
 #: Verdicts on whole indexes: (index path, its stat, the data file's stat, format options) ->
-#: the verified offsets or None. A few entries: a process plans the same sources every epoch.
+#: the verified offsets or None. A process plans the same sources every epoch: each index is
+#: read and checked once (a changed file has another stat), its cuts confirmed on every plan.
 _verified: dict = {}
 _VERIFIED_MAX = 64
 
@@ -196,7 +197,7 @@ def _checked_index(source: Any, index: str, format: str, options: dict,
     else:
         _fallback_index(index, why)
     if len(_verified) >= _VERIFIED_MAX:
-        del _verified[next(iter(_verified))]
+        _verified.clear()  # start over (atomic, unlike evicting one while another thread plans)
     _verified[key] = starts
     return starts
 
