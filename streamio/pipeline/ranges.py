@@ -229,7 +229,8 @@ def _cut(source: Any, index: str, starts: list, x: int, format: str, options: di
     cut = starts[at]
     if _records_from(source, format, options, cut, cut + 1) == 1:
         return cut, True
-    _fallback_index(index, f"no record starts at byte {cut}, where it says one does")
+    _fallback_index(f"{index} at byte {cut}", "no record starts there, where it says one does",
+                    key=index)
     return x, False
 
 
@@ -252,8 +253,8 @@ def _records_from(source: Any, format: str, options: dict, start: int,
     return found
 
 
-def _fallback_index(index: str, why: str) -> None:
-    key = (index, "index")
+def _fallback_index(index: str, why: str, key: Optional[str] = None) -> None:
+    key = (key or index, "index")  # one warning per index file, whatever the reason
     if key not in _warned:
         _warned.add(key)
         warnings.warn(f"ignoring the index {index}: {why}; readers find record starts by"
