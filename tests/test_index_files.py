@@ -15,11 +15,12 @@ import warnings
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from streamio import Dataset, write_records
-from streamio.errors import CorruptRecordError, FormatError, StreamioWarning
+from streamio import Dataset, RecordReader, write_records
+from streamio.errors import CorruptRecordError, FormatError, StreamioWarning, UsageError
 from streamio.formats.index_file import (RecordIndex, encode_index, index_misfit, index_suffix,
                                          parse_index)
 from streamio.pipeline.ranges import plan_range
+from streamio.sources.ranged import open_at
 from streamio.tools.index import iter_record_spans, write_index
 
 FORMATS = ["tfrecord", "recordio", "lines"]
@@ -169,6 +170,15 @@ def test_a_changed_index_is_checked_again(tmp_path):
         f.write("0\t0\n")  # now it covers one record of 300
     with pytest.warns(StreamioWarning, match="covers only part of the file"):
         assert not plan_range(path, "recordio", {}, ((2, 1),)).exact
+
+
+def test_a_byte_range_past_any_file_is_a_usage_error(tmp_path):
+    # What 10**30 from an index used to reach: os.pread's bare OverflowError.
+    path, _, _ = _data_file(tmp_path, "tfrecord", count=3)
+    with pytest.raises(UsageError, match="2\\*\\*63"):
+        RecordReader(path, "tfrecord", byte_range=(10**30, None))
+    with pytest.raises(UsageError, match="2\\*\\*63"):
+        open_at(path, 10**30)
 
 
 # -- any index at all: the shards tile the file -----------------------------------------------
