@@ -181,6 +181,16 @@ def test_connections_that_bring_much_but_slowly_are_not_progress(server):
     assert len(server.requests) == 3
 
 
+def test_a_burst_then_silence_is_not_progress(server):
+    # 40 KB at once, then silence, on every connection: the silence counts in the connection's
+    # average (40 KB in ~1 s, under the 50 KB/s limit), so no connection counts as progress.
+    url = server.add("/burst", DATA * 10, stall_after=40_000)
+    with pytest.raises(SourceError, match="gave up after 2 retries"):
+        bounded(lambda: list(_read_all(_http(url, low_speed_limit=50_000, low_speed_time=1,
+                                             max_retries=2))), 30)
+    assert len(server.requests) == 3
+
+
 def _read_all(source):
     buf = memoryview(bytearray(1 << 20))
     while n := source.readinto(buf):

@@ -13,11 +13,13 @@ failed attempt.
 **Retry budget.** ``max_retries`` failed attempts in a row end in a :class:`SourceError`. A
 connection that made *real progress* before it failed starts a new row: it delivered at least
 ``PROGRESS_RESET_BYTES`` (32 KiB) of new data, at an average of at least ``low_speed_limit``
-bytes/s over the time it spent waiting for the server. So a server that drops every 50 KB of an
-object still delivers all of it, while one that sends 10 bytes per connection and drops, or
-trickles, or stalls, cannot keep us reconnecting: with the defaults a silent or trickling server
-ends in a SourceError after about (max_retries + 1) * low_speed_time plus the backoff (~190 s).
-``max_total_retries`` caps all resumes of one transfer, however much each delivered. Backoff
+bytes/s over the time it spent waiting for the server (its final silence included). So a server
+that drops every 50 KB of an object still delivers all of it, while one that sends 10 bytes per
+connection and drops, or trickles, or goes silent, cannot keep us reconnecting: with the defaults
+a silent or trickling server ends in a SourceError after about (max_retries + 1) *
+low_speed_time plus the backoff (~190 s). A server whose every connection does bring its 32 KiB
+at the speed limit is slow, not stuck: ``max_total_retries`` caps all resumes of one transfer,
+however much each delivered. Backoff
 doubles from ``backoff`` up to ``MAX_BACKOFF``. A host name that does not resolve is a
 SourceError at once: a DNS answer does not change in the seconds a retry waits.
 
@@ -461,6 +463,8 @@ class HttpSource(ByteSource):
         try:
             data = self._resp.read1(want)  # what is there now, up to want: one recv at most
         except TimeoutError as exc:
+            if meter is not None:  # the silence counts against this connection's average rate
+                self._waited += time.monotonic() - t0
             if slow_first:
                 raise self._too_slow(exc)
             raise _Transient(f"no data for {self._timeout:g} s", exc) from exc
