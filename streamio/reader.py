@@ -28,7 +28,7 @@ from .formats._base import check_common
 from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
                       source_name)
 from .sources.base import check_timeout
-from .sources.ranged import open_at, range_capable
+from .sources.ranged import MAX_OFFSET, open_at, range_capable
 
 #: 1 MiB reads: large enough that per-read overhead vanishes, and a pipe buffer's worth.
 DEFAULT_READ_SIZE = 1024 * 1024
@@ -368,6 +368,8 @@ def _check_byte_range(byte_range: Any, source: Any, compression: Any) -> Optiona
     start, end = byte_range
     if start < 0 or (end is not None and end < start):
         raise UsageError(f"byte_range must have 0 <= start <= end, not {byte_range!r}")
+    if start > MAX_OFFSET:
+        raise UsageError(f"byte_range starts past any file (2**63 - 1): {byte_range!r}")
     if not range_capable(source):
         raise UsageError(f"{source_name(source)} cannot be read by byte range: only regular files,"
                          " http(s) URLs and s3:// objects can (FIFOs, stdin, file objects and"

@@ -6,6 +6,10 @@ foreign exception or two versions of an object spliced together.
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,6 +24,7 @@ from streamio.sources import HttpSource
 from hostile_http import HostileHTTPServer, closed_port
 from hang_guard import bounded
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = [b"record %04d " % i + bytes(range(i % 200)) for i in range(300)]
 DATA = b"".join(encode_tfrecord(r) for r in RECORDS)
 # The same framing (every record the same length as in DATA), other payloads: a splice of DATA
@@ -153,6 +158,39 @@ def test_real_progress_still_resets_the_budget(server):
     assert b"".join(_read_all(_http(url, max_retries=2))) == data
 
 
+def test_a_server_that_drops_every_50_kb_still_delivers(server):
+    # Issue #21: a 400 KB object, the connection dropped after every 50 KB (honest ETag and
+    # Range): 8 connections, 7 drops, each after real progress. Counting only connections that
+    # brought 1 MiB as progress gave up after 5 retries with 300 KB delivered.
+    data = DATA * 12  # 399,000 bytes
+    url = server.add("/flaky50", data, drop_after=[50_000] * 8)
+    source = _http(url)  # the default max_retries (5)
+    assert bounded(lambda: list(streamio.read_records(source, "tfrecord"))) == RECORDS * 12
+    assert source.retries == 7 and len(server.requests) == 8
+    assert all(h.get("If-Range") for _, h in server.requests[1:])  # resumed, never re-read
+
+
+def test_connections_that_bring_much_but_slowly_are_not_progress(server):
+    # Every connection brings ~80 KB (well past PROGRESS_RESET_BYTES) at ~80 KB/s, under the
+    # 100 KB/s limit: each is dropped as too slow and none counts as progress, so the transfer
+    # still ends after max_retries + 1 connections instead of resuming for as long as it pleases.
+    url = server.add("/slowbulk", DATA * 100, drip=(4000, 0.05))
+    with pytest.raises(SourceError, match=r"slower than 100000 bytes/s.*gave up after 2 retries"):
+        bounded(lambda: list(_read_all(_http(url, low_speed_limit=100_000, low_speed_time=1,
+                                             max_retries=2))), 30)
+    assert len(server.requests) == 3
+
+
+def test_a_burst_then_silence_is_not_progress(server):
+    # 40 KB at once, then silence, on every connection: the silence counts in the connection's
+    # average (40 KB in ~1 s, under the 50 KB/s limit), so no connection counts as progress.
+    url = server.add("/burst", DATA * 10, stall_after=40_000)
+    with pytest.raises(SourceError, match="gave up after 2 retries"):
+        bounded(lambda: list(_read_all(_http(url, low_speed_limit=50_000, low_speed_time=1,
+                                             max_retries=2))), 30)
+    assert len(server.requests) == 3
+
+
 def _read_all(source):
     buf = memoryview(bytearray(1 << 20))
     while n := source.readinto(buf):
@@ -198,6 +236,43 @@ def test_connection_refused(server):
     url = f"http://127.0.0.1:{closed_port()}/x"
     with pytest.raises(SourceError, match="cannot connect.*gave up after 1 retries"):
         _http(url, max_retries=1)
+
+
+_UNRESOLVABLE = r"""
+import json, sys, time
+from streamio.errors import SourceError
+from streamio.sources import HttpSource
+url = "http://streamio-test-no-such-host.invalid:8080/data.tfrecord"
+t0 = time.monotonic()
+try:
+    HttpSource(url, backoff=1.0, max_retries=5)
+    out = {"error": None}
+except Exception as exc:
+    out = {"error": type(exc).__name__, "message": str(exc), "cause": type(exc.__cause__).__name__}
+out["seconds"] = time.monotonic() - t0
+print(json.dumps(out))
+"""
+
+
+def test_a_name_that_does_not_resolve_fails_at_once():
+    # A real getaddrinfo failure, with no packet leaving the machine: the client runs in a
+    # private network namespace that has only loopback, where every DNS lookup fails. Retrying
+    # (backoff 1 s, doubling, 5 times) would take ~23 s.
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run([unshare, "--net", "true"], capture_output=True)
+    if not probe or probe.returncode:
+        pytest.skip("needs `unshare --net` (root or user namespaces) for a private network")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([unshare, "--net", "sh", "-c", 'ip link set lo up 2>/dev/null;'
+                           ' exec "$0" -c "$1"', sys.executable, _UNRESOLVABLE],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["error"] == "SourceError" and out["cause"] == "gaierror", out
+    assert "cannot resolve host 'streamio-test-no-such-host.invalid'" in out["message"]
+    assert "streamio-test-no-such-host.invalid:8080/data.tfrecord" in out["message"]
+    assert "retries" not in out["message"]
+    assert out["seconds"] < 2, out
 
 
 def test_bad_chunk_size(server):

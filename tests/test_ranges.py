@@ -242,9 +242,11 @@ def test_mxnet_idx_and_dali_index_are_read(tmp_path):
     records = [b"a" * 10, b"b" * 30, b"c" * 5]
     rec = tmp_path / "train.rec"
     write_records(str(rec), "recordio", records)
-    (tmp_path / "train.idx").write_text("0\t0\n2\t56\n1\t20\n")  # MXNet: keys in any order
+    # MXNet (im2rec): the lines in file order, the keys (image ids) in any order.
+    (tmp_path / "train.idx").write_text("7\t0\n3\t20\n5\t60\n")
+    assert plan_range(str(rec), "recordio", {}, ((2, 1),)).byte_range == (60, None)
     assert plan_range(str(rec), "recordio", {}, ((2, 1),)).exact
-    assert read_index(str(tmp_path / "train.idx")) == [0, 20, 56]
+    assert read_index(str(tmp_path / "train.idx")) == [0, 20, 60]
     (tmp_path / "x.index").write_text("0 26\n26 46\n")
     assert read_index(str(tmp_path / "x.index")) == [0, 26]
     (tmp_path / "bad.index").write_text("0 26\nnope\n")

@@ -11,7 +11,21 @@ dealt round-robin, as before, with a warning saying so once per source.
 
 An index beside the file (``x.tfrecord.index``: DALI's and the ``tfrecord`` package's "offset
 length" lines; ``x.idx`` / ``x.rec.idx``: MXNet's "key<TAB>offset" lines; ``streamio index`` and
-``streamio pack --index`` write them) moves each cut to a record start, so no reader resyncs.
+``streamio pack --index`` write them; the format is :mod:`streamio.formats.index_file`'s) moves
+each cut to a record start, so no reader resyncs. An index is a hint, checked against the file
+before it is used, and dropped with one warning when it does not fit:
+
+- as a whole (the same verdict in every reader, so all cut the file alike): it parses; it lists
+  records (a non-empty file); its offsets lie inside the file and increase; ``offset length``
+  frames follow one another to the end of the file; a record starts at its last entry (confirmed
+  by a range reader, as below) and none after it (the framer reads the rest: a stale index
+  written before records were appended fails here). Records before its first entry are read
+  anyway: the first cut is always byte 0.
+- each cut it gives (the first entry at or after a split offset) is confirmed the way a range
+  reader confirms a record start (TFRecord: length and data CRCs; RecordIO: an aligned magic
+  with a first-part flag; lines: a line feed before it), by reading that record. A cut that
+  fails falls back to the split offset itself: both readers that share a cut decide it from
+  the same bytes, so the ranges still tile the file, and no record is lost or read twice.
 """
 
 from __future__ import annotations
@@ -23,6 +37,8 @@ from typing import Any, Optional
 
 from ..codecs import infer_compression, make_codec
 from ..errors import FormatError, StreamioError, StreamioWarning
+from ..formats.index_file import index_misfit, parse_index
+from ..reader import RecordReader
 from ..sources import source_name
 from ..sources.ranged import probe, range_capable, split_range
 
@@ -76,26 +92,11 @@ def find_index(path: str) -> Optional[str]:
 
 
 def read_index(path: str) -> list:
-    """The sorted record start offsets an index file lists. Lines are ``offset length`` (DALI,
-    the ``tfrecord`` package) or ``key<TAB>offset`` (MXNet ``.idx``); blank lines are ignored.
-    Raises :class:`FormatError` on a line that is neither."""
-    offsets = []
-    with open(path, "r", encoding="ascii") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if "\t" in line:
-                fields = line.split("\t")
-                value = fields[1] if len(fields) == 2 else ""
-            else:
-                fields = line.split()
-                value = fields[0] if len(fields) == 2 else ""
-            if not value.strip().isdigit():
-                raise FormatError(f"index line {number} is not 'offset length' nor"
-                                  f" 'key<TAB>offset': {line.strip()[:60]!r}", source=path)
-            offsets.append(int(value))
-    offsets.sort()
-    return offsets
+    """The record start offsets an index file lists, in the order listed (see
+    :mod:`streamio.formats.index_file`). Raises :class:`FormatError` on a line that is neither
+    ``offset length`` nor ``key<TAB>offset``."""
+    with open(path, "rb") as f:
+        return parse_index(f.read(), source=path).offsets
 
 
 def _splittable_format(format: str, options: dict) -> Optional[str]:
@@ -144,26 +145,119 @@ def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Option
     start, end = split_range(size, layers)
     path = _local(source)
     index = find_index(path) if path is not None else None
-    if index is not None:
-        try:
-            starts = read_index(index)
-        except (OSError, UnicodeError, FormatError) as exc:
-            _fallback_index(index, exc)
+    starts = _checked_index(source, index, format, options, size) if index is not None else None
+    if starts is None:
+        return RangePlan((start, end if end < size else None), exact=False)
+    # Cut at the first record start at or after each split offset: exact, no resync.
+    first, exact_first = _cut(source, index, starts, start, format, options, size)
+    last, exact_last = _cut(source, index, starts, end, format, options, size)
+    return RangePlan((first, None if last >= size else last), exact=exact_first and exact_last)
+
+
+#: An index line per record needs at most this many bytes per byte of data (a 1-byte line's
+#: "offset length" line, with 19-digit numbers): a larger "index" is not one, and is not read.
+_INDEX_BYTES_PER_BYTE = 48
+#: Verdicts on whole indexes: (index path, its stat, the data file's stat, format options) ->
+#: the verified offsets or None. A process plans the same sources every epoch: each index is
+#: read and checked once (a changed file has another stat), its cuts confirmed on every plan.
+_verified: dict = {}
+_VERIFIED_MAX = 64
+
+
+def _checked_index(source: Any, index: str, format: str, options: dict,
+                   size: int) -> Optional[list]:
+    """The record starts the index at ``index`` lists, if it fits the ``size``-byte ``source``
+    as a whole (module doc); else None, warned once."""
+    try:
+        ist, dst = os.stat(index), os.stat(_local(source))
+    except OSError as exc:
+        _fallback_index(index, f"cannot stat it ({exc.strerror})")
+        return None
+    key = (index, ist.st_ino, ist.st_size, ist.st_mtime_ns, dst.st_ino, dst.st_mtime_ns, size,
+           format, options.get("multipart"), options.get("max_record_size"),
+           options.get("verify"))
+    if key in _verified:
+        return _verified[key]
+    starts = None
+    try:
+        why = None
+        if ist.st_size > _INDEX_BYTES_PER_BYTE * size + 4096:
+            why = f"its {ist.st_size} bytes are more than an index of a {size}-byte file takes"
         else:
-            # Cut at the first record start at or after each offset: exact, no resync.
-            at = bisect.bisect_left(starts, start)
-            first = starts[at] if at < len(starts) else size
-            at = bisect.bisect_left(starts, end)
-            last = starts[at] if at < len(starts) and end < size else size
-            return RangePlan((first, None if last >= size else last), exact=True)
-    return RangePlan((start, end if end < size else None), exact=False)
+            with open(index, "rb") as f:
+                listed = parse_index(f.read(), source=index)
+            why = index_misfit(listed, size) or _tail_misfit(source, listed.offsets, format,
+                                                             options)
+    except OSError as exc:
+        why = f"cannot read it ({exc.strerror})"
+    except FormatError as exc:
+        why = str(exc)
+    if why is None:
+        starts = listed.offsets
+    else:
+        _fallback_index(index, why)
+    if len(_verified) >= _VERIFIED_MAX:
+        _verified.clear()  # start over (atomic, unlike evicting one while another thread plans)
+    _verified[key] = starts
+    return starts
 
 
-def _fallback_index(index: str, exc: BaseException) -> None:
-    key = (index, "index")
+def _tail_misfit(source: Any, starts: list, format: str, options: dict) -> Optional[str]:
+    """Why the index's last entry does not hold the file's last record, or None."""
+    if not starts:
+        return None
+    last = starts[-1]
+    if _records_from(source, format, options, last, last + 1) != 1:
+        return f"no record starts at byte {last}, its last entry"
+    if _records_from(source, format, options, last + 1, None):
+        return (f"records follow the one at byte {last}, its last entry: it covers only part of"
+                " the file (written before records were added?)")
+    return None
+
+
+def _cut(source: Any, index: str, starts: list, x: int, format: str, options: dict,
+         size: int) -> tuple:
+    """``(cut, exact)``: where a range boundary at split offset ``x`` goes. The first record
+    start the index lists at or after ``x``, if a range reader confirms it; else ``x`` itself
+    (its readers resynchronise there). A function of ``x`` and the file's bytes only, so the
+    two readers that share the boundary agree."""
+    if x <= 0 or x >= size:
+        return min(max(x, 0), size), True
+    at = bisect.bisect_left(starts, x)
+    if at == len(starts):
+        return size, True  # verified: no record starts after the last entry's
+    cut = starts[at]
+    if _records_from(source, format, options, cut, cut + 1) == 1:
+        return cut, True
+    _fallback_index(f"{index} at byte {cut}", "no record starts there, where it says one does",
+                    key=index)
+    return x, False
+
+
+def _records_from(source: Any, format: str, options: dict, start: int,
+                  stop: Optional[int]) -> int:
+    """How many records a range reader finds starting in ``[start, stop)`` (0, 1, or 2 meaning
+    "more than one": it stops there). Damage there counts as none."""
+    reader = RecordReader(source, format, byte_range=(start, stop),
+                          **dict(options, on_error="raise"))
+    found = 0
+    try:
+        for records in reader.record_lists():
+            found += len(records)
+            if found > 1:
+                return 2
+    except StreamioError:
+        return 0
+    finally:
+        reader.close()
+    return found
+
+
+def _fallback_index(index: str, why: str, key: Optional[str] = None) -> None:
+    key = (key or index, "index")  # one warning per index file, whatever the reason
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(f"ignoring the index {index}: {exc}; readers find record starts by"
+        warnings.warn(f"ignoring the index {index}: {why}; readers find record starts by"
                       " resynchronising instead", StreamioWarning, stacklevel=4)
 
 

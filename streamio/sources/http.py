@@ -10,13 +10,18 @@ while a fast stream still moves in large reads.
 last ``low_speed_time`` seconds (curl's ``--speed-limit``/``--speed-time``). Both count as a
 failed attempt.
 
-**Retry budget.** ``max_retries`` failed attempts in a row end in a :class:`SourceError`. An
-attempt only counts as a success (and resets that count) once it has delivered
-``PROGRESS_RESET_BYTES`` of new data or the end of the object, so a server that sends 10 bytes per
-connection and drops cannot keep us reconnecting; ``max_total_retries`` caps all resumes of one
-transfer. Backoff doubles from ``backoff`` up to ``MAX_BACKOFF``. With the defaults a silent or
-trickling server ends in a SourceError after about (max_retries + 1) * low_speed_time plus the
-backoff: ~190 s.
+**Retry budget.** ``max_retries`` failed attempts in a row end in a :class:`SourceError`. A
+connection that made *real progress* before it failed starts a new row: it delivered at least
+``PROGRESS_RESET_BYTES`` (32 KiB) of new data, at an average of at least ``low_speed_limit``
+bytes/s over the time it spent waiting for the server (its final silence included). So a server
+that drops every 50 KB of an object still delivers all of it, while one that sends 10 bytes per
+connection and drops, or trickles, or goes silent, cannot keep us reconnecting: with the defaults
+a silent or trickling server ends in a SourceError after about (max_retries + 1) *
+low_speed_time plus the backoff (~190 s). A server whose every connection does bring its 32 KiB
+at the speed limit is slow, not stuck: ``max_total_retries`` caps all resumes of one transfer,
+however much each delivered. Backoff
+doubles from ``backoff`` up to ``MAX_BACKOFF``. A host name that does not resolve is a
+SourceError at once: a DNS answer does not change in the seconds a retry waits.
 
 **Never splice two versions.** A resumed transfer must continue the *same* object:
 
@@ -68,8 +73,10 @@ DEFAULT_OPEN_TIMEOUT = 60.0
 #: --speed-time semantics; ``low_speed_limit=None`` turns the check off (a slow live feed).
 DEFAULT_LOW_SPEED_LIMIT = 1024
 DEFAULT_LOW_SPEED_TIME = 30.0
-#: A connection that delivered this much new data counts as a success and resets the retry count.
-PROGRESS_RESET_BYTES = 1024 * 1024
+#: A failed connection that delivered this much new data (at no less than the low-speed limit)
+#: made real progress and resets the retry count. Tens of KiB: a server that drops every 50 KB
+#: still delivers, while 10 bytes per connection (or a trickle) never counts.
+PROGRESS_RESET_BYTES = 32 * 1024
 MAX_REDIRECTS = 5
 _RETRYABLE_STATUS = {500, 502, 503, 504}
 _SAMPLE_S = 0.5  # the speed meter keeps at most one sample per this many seconds
@@ -177,7 +184,7 @@ class HttpSource(ByteSource):
         self._crc: Optional[int] = None  # running CRC-32 of delivered bytes (no strong ETag)
         self._skip = 0  # bytes at the start of this response that were delivered already
         self._skip_crc: Optional[int] = None  # CRC-32 of those, when they must be checked
-        self._fresh = 0  # new bytes this connection delivered
+        self._fresh = 0  # new bytes this connection delivered (judged when it fails)
         self._eof = False
         self._connect()
 
@@ -267,6 +274,10 @@ class HttpSource(ByteSource):
             # will close the connection after the body: keep it to set read timeouts on.
             sock = conn.sock
             resp = conn.getresponse()
+        except socket.gaierror as exc:  # before OSError: no retry can make a name resolve
+            conn.close()
+            raise SourceError(f"cannot resolve host {host!r} ({exc.strerror or exc}); not"
+                              " retrying", source=self.name) from exc
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             if isinstance(exc, http.client.InvalidURL):
@@ -362,7 +373,16 @@ class HttpSource(ByteSource):
         self._skip = self.received
         self._skip_crc = None if self._etag else 0
 
+    def _made_progress(self) -> bool:
+        """Whether the connection that just failed made real progress (see the module doc)."""
+        if self._fresh < PROGRESS_RESET_BYTES:
+            return False
+        return self._low_speed_limit is None or self._fresh >= self._low_speed_limit * self._waited
+
     def _retry_or_fail(self, exc: _Transient) -> None:
+        if self._made_progress():
+            self._failures = 0
+        self._fresh, self._waited = 0, 0.0  # a failed connect must not count them again
         self._failures += 1
         where = f" at byte {self.received}" + (f" of {self.total}" if self.total else "")
         if self._failures > self._max_retries:
@@ -427,8 +447,6 @@ class HttpSource(ByteSource):
         if self._crc is not None:
             self._crc = zlib.crc32(data, self._crc)
         self._fresh += n
-        if self._fresh >= PROGRESS_RESET_BYTES or self.received == self.total:
-            self._failures = 0
         return n
 
     def _recv(self, want: int) -> bytes:
@@ -445,6 +463,8 @@ class HttpSource(ByteSource):
         try:
             data = self._resp.read1(want)  # what is there now, up to want: one recv at most
         except TimeoutError as exc:
+            if meter is not None:  # the silence counts against this connection's average rate
+                self._waited += time.monotonic() - t0
             if slow_first:
                 raise self._too_slow(exc)
             raise _Transient(f"no data for {self._timeout:g} s", exc) from exc

@@ -23,6 +23,9 @@ from .local import StreamSource
 
 #: Bytes of the head looked at to tell whether a source without a telling suffix is compressed.
 SNIFF_BYTES = 64 * 1024
+#: The largest byte offset a source can be opened at (a signed 64-bit off_t; os.pread raises
+#: OverflowError past it).
+MAX_OFFSET = 2**63 - 1
 
 
 def _scheme(text: str) -> str:
@@ -148,8 +151,8 @@ def open_at(source: Any, start: int, *, open_timeout: Optional[float] = None,
             read_timeout: Optional[float] = None) -> ByteSource:
     """Open a regular file, an http(s) URL or an s3:// object so that its first byte read is
     byte ``start``."""
-    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-        raise UsageError(f"a byte offset must be an int >= 0, not {start!r}")
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= MAX_OFFSET:
+        raise UsageError(f"a byte offset must be an int from 0 to 2**63 - 1, not {start!r}")
     if _is_http(source):
         return HttpSource(source, open_timeout=open_timeout, read_timeout=read_timeout,
                           start=start)
@@ -174,4 +177,4 @@ def split_range(size: int, parts: tuple) -> tuple[int, int]:
     return start, end
 
 
-__all__ = ["FileRangeSource", "SNIFF_BYTES", "open_at", "probe", "range_capable", "split_range"]
+__all__ = ["FileRangeSource", "MAX_OFFSET", "SNIFF_BYTES", "open_at", "probe", "range_capable", "split_range"]

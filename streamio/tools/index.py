@@ -12,16 +12,18 @@ fails with the offset of the damage instead of giving an index that cuts records
 from __future__ import annotations
 
 import os
+import secrets
 import struct
 import sys
 import time
-from typing import Any, Callable, Iterator, Optional, TextIO
+from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
 from ..errors import CorruptRecordError, TruncatedStreamError, UsageError
+from ..formats.index_file import encode_index, index_suffix
 from ..formats.recordio import LENGTH_MASK, MAGIC
 from ..formats.tfrecord import masked_crc32c
 
-__all__ = ["add_cli", "index_path", "iter_record_spans", "write_index"]
+__all__ = ["add_cli", "index_path", "iter_record_spans", "write_index", "write_index_file"]
 
 _CHUNK = 8 * 1024 * 1024
 _SUFFIX_FORMATS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrec": "tfrecord",
@@ -33,7 +35,7 @@ _RIO_HEADER = struct.Struct("<II")
 
 def index_path(path: str, format: str) -> str:
     """Where the index of ``path`` goes (and where readers look first)."""
-    return path + (".idx" if format == "recordio" else ".index")
+    return path + index_suffix(format)
 
 
 def _format_of(path: str) -> str:
@@ -125,25 +127,38 @@ def _line_spans(path: str, progress: Optional[Callable[[int], None]]) -> Iterato
 
 def write_index(path: str, format: Optional[str] = None, *,
                 progress: Optional[Callable[[int], None]] = None) -> str:
-    """Write the index of ``path`` beside it (under a temporary name, then renamed, so a reader
-    never sees half an index); returns its path. ``format``: from the suffix if None."""
+    """Write the index of ``path`` beside it (see :func:`write_index_file`); returns its path.
+    ``format``: from the suffix if None."""
     fmt = format or _format_of(path)
     out = index_path(path, fmt)
-    tmp = out + ".tmp"
+    spans = iter_record_spans(path, fmt, progress)
+    write_index_file(out, fmt, ((key, offset, length) for key, (offset, length)
+                                in enumerate(spans)))
+    return out
+
+
+def write_index_file(out: str, format: str, entries: Iterable[tuple]) -> None:
+    """Write ``format``'s index of ``(key, offset, length)`` entries (in file order) to ``out``:
+    into a new file of an unpredictable name beside it (``O_EXCL|O_NOFOLLOW``), renamed into
+    place when whole, so a reader never sees half an index."""
+    tmp = f"{out}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        with open(tmp, "w", encoding="ascii") as f:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
             lines = []
-            for key, (offset, length) in enumerate(iter_record_spans(path, fmt, progress)):
-                lines.append(f"{key}\t{offset}\n" if fmt == "recordio" else f"{offset} {length}\n")
+            for line in encode_index(format, entries):
+                lines.append(line)
                 if len(lines) >= 65536:
                     f.write("".join(lines))
                     lines = []
             f.write("".join(lines))
         os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
+    except BaseException:
+        try:
             os.unlink(tmp)
-    return out
+        except FileNotFoundError:
+            pass
+        raise
 
 
 class _Bar:

@@ -37,6 +37,7 @@ from typing import Iterator, Optional, Sequence, TextIO
 from ..decoders import encode_example
 from ..errors import StreamioError, UsageError
 from ..formats import encode_recordio, encode_tfrecord
+from .index import index_path, write_index_file
 
 #: 64 MB: inside the 1-128 MB range that keeps per-request costs small on network storage while
 #: a shard still streams in about a second.
@@ -369,15 +370,11 @@ def _write_shard(path: str, shard: list, format: str, compression: Optional[str]
 
 
 def _index_path(shard: str, format: str) -> str:
-    return shard + (".index" if format == "tfrecord" else ".idx")
+    return index_path(shard, format)
 
 
 def _write_index(shard: str, offsets: list, format: str) -> None:
-    path = _index_path(shard, format)
-    with open(path + ".tmp", "w") as f:
-        for record_id, offset, length in offsets:
-            f.write(f"{offset} {length}\n" if format == "tfrecord" else f"{record_id}\t{offset}\n")
-    os.replace(path + ".tmp", path)
+    write_index_file(_index_path(shard, format), format, offsets)  # (record id, offset, length)
 
 
 def _size(text: str) -> int:

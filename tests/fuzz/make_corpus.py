@@ -364,6 +364,26 @@ def resample_seeds(rng: random.Random) -> List[bytes]:
     return seeds
 
 
+def parse_index_seeds(rng: random.Random) -> List[bytes]:
+    """Index files as streamio index / pack write them (both dialects, for real TFRecord and
+    RecordIO files), CRLF and blank-line variants, one flipped byte, and kinds of lie."""
+    from streamio.formats.index_file import encode_index
+
+    out = []
+    for records in _some_records(rng):
+        for fmt in ("tfrecord", "recordio"):
+            entries, at = [], 0
+            for key, record in enumerate(records):
+                n = len(_stream(fmt, [record]))
+                entries.append((key, at, n))
+                at += n
+            text = "".join(encode_index(fmt, entries)).encode()
+            for variant in (text, text.replace(b"\n", b"\r\n"), b"\n" + text + b"\n\n",
+                            _flip(text, rng), text[::-1], text + b"1" * 30 + b" 1\n"):
+                out.append(T.encode_parse_index(variant, size=at))
+    return out
+
+
 SEEDS = {
     "scan_tfrecords": scan_tfrecords_seeds,
     "scan_recordio": scan_recordio_seeds,
@@ -376,6 +396,7 @@ SEEDS = {
     "crc32c": crc32c_seeds,
     "find_sync": find_sync_seeds,
     "resample": resample_seeds,
+    "parse_index": parse_index_seeds,
 }
 
 

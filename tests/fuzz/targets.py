@@ -582,19 +582,65 @@ def run_resample(ck: ModuleType, data: bytes) -> None:
                        f"{int((out != expected).sum())} bytes differ")
 
 
+# --- pure-Python parsers of untrusted bytes (no kernel) -------------------------------------------
+def encode_parse_index(text: bytes, *, size: int = 0) -> bytes:
+    return struct.pack("<I", size) + text
+
+
+def _index_outcome(parse: Callable[..., Any], text: bytes) -> tuple:
+    from streamio.errors import FormatError
+
+    try:
+        index = parse(text, source="fuzz.index")
+    except FormatError as exc:
+        return ("error", str(exc), exc.source, exc.offset)
+    return ("index", index.offsets, index.lengths)
+
+
+def run_parse_index(ck: ModuleType, data: bytes) -> None:
+    """Input: ``data file size u32 | index file bytes``. No C kernel: the index-file parser
+    (streamio.formats.index_file) gives a RecordIndex or a FormatError, nothing else, and the
+    same as its line-by-line reference (parse_index's whole-buffer path for canonical files is
+    the "kernel"); what it gives, written again by encode_index, reads back the same;
+    index_misfit gives None or a reason."""
+    from streamio.formats.index_file import (encode_index, index_misfit, parse_index,
+                                             parse_index_lines)
+
+    inp = Input(data)
+    size = inp.u32()
+    text = inp.rest()
+    got = _index_outcome(parse_index, text)
+    expect_equal("parse_index vs parse_index_lines", got, _index_outcome(parse_index_lines, text))
+    if got[0] == "error":
+        return
+    index = parse_index(text)
+    why = index_misfit(index, size)
+    if why is not None and not isinstance(why, str):
+        raise Mismatch(f"index_misfit gave {why!r}")
+    lengths = index.lengths or [0] * len(index.offsets)
+    fmt = "recordio" if index.lengths is None else "tfrecord"
+    text = "".join(encode_index(fmt, zip(range(len(lengths)), index.offsets, lengths)))
+    again = parse_index(text.encode())
+    expect_equal("offsets read again", again.offsets, index.offsets)
+    expect_equal("lengths read again", again.lengths if index.offsets else None,
+                 index.lengths if index.offsets else None)
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Target:
     name: str
-    kernels: Tuple[str, ...]  # the functions of streamio._speedups this target covers
+    # the functions of streamio._speedups this target covers; () for a pure-Python parser of
+    # untrusted bytes (its references are then always instrumented: they are all there is)
+    kernels: Tuple[str, ...]
     run: Callable[[ModuleType, bytes], None]
     # streamio modules whose Python code atheris instruments for coverage (the references)
     references: Tuple[str, ...]
 
     def available(self, ck: ModuleType) -> bool:
         """Whether the build has the first kernel (a target for a kernel yet to come is skipped)."""
-        return hasattr(ck, self.kernels[0])
+        return not self.kernels or hasattr(ck, self.kernels[0])
 
     def one_input(self, ck: ModuleType) -> Callable[[bytes], None]:
         return lambda data: self.run(ck, data)
@@ -621,6 +667,7 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
            run_find_sync, ("streamio.formats.tfrecord", "streamio.formats._tfrecord_sync",
                            "streamio.formats.recordio", "streamio.formats._recordio_sync")),
     Target("resample", ("resample",), run_resample, ("streamio.decoders._resample",)),
+    Target("parse_index", (), run_parse_index, ("streamio.formats.index_file",)),
 ]}
 
 
