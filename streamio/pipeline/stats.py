@@ -20,7 +20,7 @@ __all__ = ["EpochStats", "STATS_KEYS", "empty_snapshot", "merge_snapshots"]
 STATS_KEYS = (
     "epoch", "records", "batches", "bytes", "bytes_decoded", "records_read", "skipped_records",
     "skipped_bytes", "sources_opened", "source_wait_s", "decode_s", "wait_s", "consumer_s",
-    "first_batch_s", "elapsed_s", "records_per_s", "finished",
+    "first_batch_s", "elapsed_s", "records_per_s", "finished", "decoder_skipped",
 )
 _READER_FIELDS = ("bytes_read", "bytes_decoded", "records", "skipped_records", "skipped_bytes",
                   "source_wait_s")

@@ -207,7 +207,7 @@ def _timed_run(name: str, iterable: Any, *, seconds: float, step: Optional[Calla
             if fig.first_batch_s is None:
                 fig.first_batch_s = got - start
                 if stats is not None:  # a first batch can wait on a whole block's decoding
-                    fig.first_batch_decode_s = float(stats().get("decode_s", 0.0))
+                    fig.first_batch_decode_s = float((stats() or {}).get("decode_s", 0.0))
             fig.batches += 1
             fig.records += _rows(item)
             spent = 0.0
