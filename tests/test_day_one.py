@@ -144,3 +144,13 @@ def test_diagnose_reports_the_workers_figures(tmp_path):
     assert workers.counted and workers.readers == 2 and workers.bytes > 0
     row = {line[:28].strip(): line[28:].split() for line in d.table().splitlines()}
     assert row["MB/s read"][-1] != "0.0" and float(row["MB/s read"][-1].replace(",", "")) > 0
+
+
+def test_decode_advice_never_promises_more_waiting():
+    d = Diagnosis(alone=_figures("input alone", seconds=10, batches=1000, source_wait=0.1,
+                                 decode=9, wait=10, step=0),
+                  with_step=_figures("with step", seconds=10, batches=1000, source_wait=0.1,
+                                     decode=9, wait=8, step=0.001))
+    _verdict(d, step_per_batch=0.000001, cores=2)
+    assert d.bottleneck == "decode"
+    assert "take the input from 100 to ~" in d.suggestion and "wait" not in d.suggestion

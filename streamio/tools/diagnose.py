@@ -319,8 +319,12 @@ def _verdict(d: Diagnosis, step_per_batch: float, cores: Optional[int] = None) -
     new_wait = max(0.0, predicted - step_per_batch) / max(predicted, step_per_batch)
     how = (f"ds.map(..., num_parallel={k}) or DataLoader(num_workers={k})" if have == 1 else
            f"num_parallel={k} instead of the map's {have}")
-    d.suggestion = (f"{k} parallel decoders ({how}) would cut the input wait from"
-                    f" {now_wait:.0%} to ~{new_wait:.0%} of a step ({cores} cores here).")
+    if new_wait < now_wait:
+        gain = f"cut the input wait from {now_wait:.0%} to ~{new_wait:.0%} of a step"
+    else:  # a step too short to hide any input: say what the input rate would become
+        gain = (f"take the input from {1 / input_per_batch:,.0f} to"
+                f" ~{1 / predicted:,.0f} batches/s")
+    d.suggestion = f"{k} parallel decoders ({how}) would {gain} ({cores} cores here)."
 
 
 def diagnose(ds: Any, *, step: Optional[Callable[[Any], Any]] = None, step_ms: float = 5.0,
