@@ -67,7 +67,7 @@ from typing import Any, Callable, Iterator, Literal, Optional
 import numpy as np
 
 from ..decoders._skips import counting_skips
-from ..errors import FormatError, MapError, UsageError, UsageTypeError
+from ..errors import FormatError, MapError, MissingDependencyError, UsageError, UsageTypeError
 from ._mainless import MainlessProcess
 from .shm_results import (ChildResults, ParentResults, attach, dump_results,
                           release_segment)
@@ -287,7 +287,12 @@ def dump_function(fn: Callable) -> bytes:
     """``fn`` pickled for a map process: by value where it cannot be imported by name (defined
     in ``__main__``, a lambda, a closure), as cloudpickle does, so that a child never imports
     the user's script. The bytes go from parent to child only (a child trusts its parent)."""
-    import cloudpickle
+    try:
+        import cloudpickle
+    except ImportError as exc:  # a dependency of streamio, but an environment may lack it
+        raise MissingDependencyError(message="map(backend='process') needs cloudpickle (a"
+                                     " dependency of streamio): pip install 'cloudpickle>=3.1'"
+                                     ) from exc
 
     return cloudpickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
 
@@ -764,6 +769,8 @@ def check_map_args(fn: Any, num_parallel: Any, ordered: Any, backend: Any,
     if backend == "process" and num_parallel is not None:
         try:
             dump_function(fn)
+        except MissingDependencyError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
             raise UsageTypeError(f"map(backend='process') needs a function that pickles (with"
                                  f" cloudpickle: functions, lambdas, closures, a decoder's"
