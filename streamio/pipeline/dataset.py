@@ -410,9 +410,10 @@ class Dataset:
         ``num_parallel=None`` runs ``fn`` inline, in the thread that runs this stage. An int
         runs it on that many threads (``backend="thread"``: for functions that release the GIL,
         such as image decoders, zlib, numpy) or processes (``backend="process"``: forkserver
-        children, for Python-heavy functions; ``fn`` must pickle). At most ``2 * num_parallel``
-        tasks of up to 64 items and ~1 MiB each are in flight, and none starts while those in
-        flight hold 64 MiB of input. ``ordered=False`` hands results out as they finish.
+        children, for Python-heavy functions, in the main process only; ``fn`` must pickle with
+        cloudpickle, as lambdas and closures do, and the children never import ``__main__``).
+        At most ``2 * num_parallel`` tasks of up to 64 items and ~1 MiB each are in flight, and
+        none starts while those in flight hold 64 MiB of input. ``ordered=False`` hands results out as they finish.
         ``seed``: ``fn`` is called as ``fn(item, rng)`` with a ``numpy.random.Generator``
         derived from ``(seed, epoch, record)`` (or the batch's position), the same for
         any ``num_parallel`` and backend. An exception in ``fn`` is a
