@@ -50,7 +50,10 @@ setup(
     package_data={"streamio": ["py.typed", "_data/*"]},
     ext_modules=[speedups] if os.path.exists("streamio/_c/module.c") else [],
     python_requires=">=3.9",
-    install_requires=["numpy>=1.21", "protobuf>=3.20", "smart-open>=6", "crc32c>=2.3"],
+    install_requires=["numpy>=1.21", "protobuf>=3.20", "smart-open>=6", "crc32c>=2.3",
+                      # map(backend="process") ships its function by value, so a child never
+                      # imports the user's script; 3.1 is the first to support Python 3.13.
+                      "cloudpickle>=3.1"],
     extras_require={
         "torch": ["torch>=2.0"],
         "tf": ["tensorflow-cpu>=2.12; platform_machine=='x86_64'",

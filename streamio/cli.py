@@ -1,5 +1,4 @@
-"""The streamio command: count, head, serve-pipe, sagemaker-local, pack, diagnose, index, demo,
-bench.
+"""The streamio command (its subcommands are listed in ``streamio --help``).
 
 ``python -m streamio`` is the same command. Errors from streamio print one line and exit 1;
 warnings (``--on-error warn``) print one line each, without a file name. Subcommands are built in
@@ -10,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import stat
 import sys
 import time
@@ -232,7 +232,7 @@ def cmd_bench(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="streamio", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="streamio")
     parser.add_argument("--version", action="version", version=f"streamio {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -294,7 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_pack(sub)
     add_diagnose(sub)
     add_index(sub)
+    parser.description = f"The streamio command: {', '.join(sub.choices)}."
     return parser
+
+
+#: A hint in Python syntax ("pass compression='gzip'") for an option the command line has.
+_PYTHON_OPTION = re.compile(r"\b(format|compression)=(?:'([\w-]+)'|(None))")
+
+
+def command_line_hint(message: str) -> str:
+    """``message`` with hints in Python syntax given as command-line options:
+    ``compression='gzip'`` -> ``--compression gzip``, ``compression=None`` -> ``--compression
+    none``, ``format='tfrecord'`` -> ``--format tfrecord``."""
+    return _PYTHON_OPTION.sub(lambda m: f"--{m.group(1)} {m.group(2) or 'none'}", message)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -309,7 +321,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             warnings.showwarning = _show_warning
             return args.func(args)
     except StreamioError as exc:
-        print(f"streamio: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"streamio: {type(exc).__name__}: {command_line_hint(str(exc))}", file=sys.stderr)
         return 1
     except (FileNotFoundError, FileExistsError, TimeoutError) as exc:
         print(f"streamio: {exc}", file=sys.stderr)

@@ -203,6 +203,8 @@ class _EpochSource:
         self.world_size = world_size
         self.spec: Optional[dict] = None
         self.block = 1  # batches per call: > 1 on the fixed-shape path (see BLOCK_BATCHES)
+        self.batches: Optional[int] = None  # to_tf(batches=): what every epoch must hold
+        self._counted = True  # whether the running epoch is checked against it (not resumed)
         self._epoch = itertools.count()
         self._lock = threading.Lock()
         self._pending: Optional[tuple] = None  # (iterator, first batch) read by peek()
@@ -233,6 +235,7 @@ class _EpochSource:
                 self._epoch = itertools.count(epoch + 1)
             else:
                 epoch = next(self._epoch)
+            self._counted = resume is None  # a resumed epoch holds only the rest
         ds = self.dataset.with_context(epoch=epoch, rank=self.rank, world_size=self.world_size)
         self._latest = ds
         self.current = iter(ds) if resume is None else ds.iter_from(resume)
@@ -251,14 +254,24 @@ class _EpochSource:
         return first
 
     def _batches(self) -> Iterator[Any]:
+        """The epoch's batches; with ``to_tf(batches=n)`` an epoch of another length fails here,
+        naming ``batches=``, before TensorFlow's cardinality check sees it."""
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
             iterator, first = pending
-            yield first
-            yield from iterator
+            batches = itertools.chain([first], iterator)
         else:
-            yield from self._start()
+            batches = self._start()
+        expected = self.batches if self._counted else None
+        n = 0
+        for batch in batches:
+            n += 1
+            if expected is not None and n > expected:
+                raise UsageError(_wrong_length(expected, f"more than {expected}"))
+            yield batch
+        if expected is not None and n != expected:
+            raise UsageError(_wrong_length(expected, str(n)))
 
     def __call__(self) -> Iterator[Any]:
         """``from_generator``'s generator off the block path: one batch per call."""
@@ -377,6 +390,13 @@ class _EpochSource:
             yield _stack(run, spec)
 
 
+def _wrong_length(expected: int, held: str) -> str:
+    return (f"to_tf(batches={expected}): this epoch of the stream held {held} batches. Pass"
+            " batches= the number of batches every epoch holds (records per epoch / batch size,"
+            " rounded up unless drop_last), or leave batches= out: training works the same, and"
+            " Keras warns once that the input ran out of data")
+
+
 def to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = None) -> Any:
     return _to_tf(dataset, input_context=input_context, batches=batches)[0]
 
@@ -420,6 +440,7 @@ def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = 
     decoder = getattr(dataset, "decoder", None) if batched else None
     source = _EpochSource(dataset, rank, world_size)
     source.resume = resume
+    source.batches = batches
     adopt = getattr(owner, "_add_stats_provider", None)
     if adopt is not None:
         adopt(source)

@@ -370,7 +370,7 @@ class _WorkerStats:
             for key, value in zip(_NUMERIC_KEYS, row[5:]):
                 snap[key] = value
             for key in ("records", "batches", "bytes", "bytes_decoded", "records_read",
-                        "skipped_records", "skipped_bytes", "sources_opened"):
+                        "skipped_records", "skipped_bytes", "sources_opened", "decoder_skipped"):
                 snap[key] = int(snap[key])
             snapshots.append(snap)
         return float(rows[:, 0].min()), merge_snapshots(snapshots)

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..errors import DecodeError, StreamioWarning, UsageError, UsageTypeError, require
 from . import _resample
+from ._skips import note_skip
 from .spec import FieldSpec
 
 __all__ = ["Image", "ImageRecord", "RandomResizedCrop", "encode_image_record"]
@@ -503,6 +504,7 @@ class Image:
                     raise err from None
                 if self.on_error == "warn":
                     warnings.warn(f"skipped a record: {err}", StreamioWarning, stacklevel=3)
+                note_skip(field or "image")
                 if keep is None:
                     keep = np.ones(n, bool)
                 keep[i] = False
@@ -596,6 +598,7 @@ class ImageRecord:
                     raise err from None
                 if self.image.on_error == "warn":
                     warnings.warn(f"skipped a record: {err}", StreamioWarning, stacklevel=2)
+                note_skip("header")
                 keep[i] = False
                 payload = None
             payloads.append(payload)

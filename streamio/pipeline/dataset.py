@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from ..decoders._skips import counting_skips
 from ..errors import DecodeError, FormatError
 from ..errors import UsageError, UsageTypeError
 from ..reader import RecordReader, check_keywords, expand_sources
@@ -294,6 +295,12 @@ class Dataset:
         return any(isinstance(s, _Map) for s in self._stages)
 
     @property
+    def map_parallelism(self) -> int:
+        """The most threads or processes any :meth:`map` runs on (1 when none runs in
+        parallel): what ``diagnose`` counts as decoders already there."""
+        return max((s.num_parallel or 1 for s in self._stages if isinstance(s, _Map)), default=1)
+
+    @property
     def context(self) -> PipelineContext:
         return self._context
 
@@ -403,9 +410,10 @@ class Dataset:
         ``num_parallel=None`` runs ``fn`` inline, in the thread that runs this stage. An int
         runs it on that many threads (``backend="thread"``: for functions that release the GIL,
         such as image decoders, zlib, numpy) or processes (``backend="process"``: forkserver
-        children, for Python-heavy functions; ``fn`` must pickle). At most ``2 * num_parallel``
-        tasks of up to 64 items and ~1 MiB each are in flight, and none starts while those in
-        flight hold 64 MiB of input. ``ordered=False`` hands results out as they finish.
+        children, for Python-heavy functions, in the main process only; ``fn`` must pickle with
+        cloudpickle, as lambdas and closures do, and the children never import ``__main__``).
+        At most ``2 * num_parallel`` tasks of up to 64 items and ~1 MiB each are in flight, and
+        none starts while those in flight hold 64 MiB of input. ``ordered=False`` hands results out as they finish.
         ``seed``: ``fn`` is called as ``fn(item, rng)`` with a ``numpy.random.Generator``
         derived from ``(seed, epoch, record)`` (or the batch's position), the same for
         any ``num_parallel`` and backend. An exception in ``fn`` is a
@@ -836,9 +844,12 @@ class _EpochRun:
         try:
             records = list(itertools.chain.from_iterable(batches))
             try:
-                table = self.decoder.decode_batch(records)
+                with counting_skips() as skipped:
+                    table = self.decoder.decode_batch(records)
             except FormatError:
                 return None
+            if skipped:
+                return None  # rows dropped: decoded again batch by batch, counted there
             total = len(records)
             if not table or not all(isinstance(v, np.ndarray) and v.ndim and len(v) == total
                                     for v in table.values()):
@@ -857,26 +868,31 @@ class _EpochRun:
         clock = time.perf_counter
         t0 = clock()
         try:
-            if ids is None or not len(ids):
-                return self.decoder.decode_batch(records)
-            if not self.reordered:
-                # In stream order: a batch within one source, without a round-robin stride, is
-                # a run of consecutive records, and the decoder can name a bad one itself.
-                first, last = int(ids[0]), int(ids[-1])
-                if first >> _INDEX_BITS == last >> _INDEX_BITS and last - first == len(ids) - 1:
-                    return self.decoder.decode_batch(records,
-                                                     source=self.names.get(first >> _INDEX_BITS),
-                                                     first_index=first & _INDEX_MASK)
-            source = self.names.get(self.ds._selection[0]) if len(self.ds._selection) == 1 else None
-            try:
-                return self.decoder.decode_batch(records, source=source, first_index=0)
-            except FormatError as exc:
-                renamed = self.rename_error(exc, ids)
-                if renamed is exc:
-                    raise
-                raise renamed from exc
+            with counting_skips() as skipped:
+                return self._decode(records, ids)
         finally:
+            self.stats.note_decoder_skips(skipped)
             self.stats.decode_s += clock() - t0
+
+    def _decode(self, records: list, ids: Optional[np.ndarray]) -> Any:
+        if ids is None or not len(ids):
+            return self.decoder.decode_batch(records)
+        if not self.reordered:
+            # In stream order: a batch within one source, without a round-robin stride, is
+            # a run of consecutive records, and the decoder can name a bad one itself.
+            first, last = int(ids[0]), int(ids[-1])
+            if first >> _INDEX_BITS == last >> _INDEX_BITS and last - first == len(ids) - 1:
+                return self.decoder.decode_batch(records,
+                                                 source=self.names.get(first >> _INDEX_BITS),
+                                                 first_index=first & _INDEX_MASK)
+        source = self.names.get(self.ds._selection[0]) if len(self.ds._selection) == 1 else None
+        try:
+            return self.decoder.decode_batch(records, source=source, first_index=0)
+        except FormatError as exc:
+            renamed = self.rename_error(exc, ids)
+            if renamed is exc:
+                raise
+            raise renamed from exc
 
     def rename_error(self, exc: FormatError, ids: np.ndarray) -> FormatError:
         """The same error, naming the record by its stream position, not its batch position."""

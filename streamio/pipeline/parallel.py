@@ -24,9 +24,13 @@ Processes: started with ``forkserver`` (``spawn`` where there is none), never ``
 time an epoch runs, the parent has threads (prefetch, torch's pools, TensorFlow's runtime), and
 a forked child can inherit a lock one of them held and deadlock. A forkserver child is a fork of
 a small single-threaded server, so starting ``k`` of them costs a fraction of a second per epoch,
-and they import neither torch nor TensorFlow unless ``fn`` needs them. ``fn`` must therefore be
-picklable (a module-level function, a ``functools.partial``, a decoder's bound method); this is
-checked when ``map()`` is called. Records go to a child through shared memory: each child has
+and they import neither torch nor TensorFlow unless ``fn`` needs them. ``fn`` is pickled with
+cloudpickle (by value where it cannot be imported by name: a lambda, a closure, a function of
+the user's script), and a child never imports the user's ``__main__`` (:mod:`._mainless`), so a
+script without an ``if __name__ == "__main__":`` guard works; that ``fn`` pickles is checked when
+``map()`` is called. The pickled function travels parent -> child only; nothing a child sends
+back is code (results are pickled data through the child's private pipe, buffers through
+segments only this user can open). Records go to a child through shared memory: each child has
 two slots (its two queued tasks), each a segment the parent creates once, reuses for task after
 task (grown when a task needs more) and unlinks when the stage closes; a task's records are
 written end to end and only their lengths travel through the pipe. Results come back the same
@@ -62,7 +66,9 @@ from typing import Any, Callable, Iterator, Literal, Optional
 
 import numpy as np
 
-from ..errors import FormatError, MapError, UsageError, UsageTypeError
+from ..decoders._skips import counting_skips
+from ..errors import FormatError, MapError, MissingDependencyError, UsageError, UsageTypeError
+from ._mainless import MainlessProcess
 from .shm_results import (ChildResults, ParentResults, attach, dump_results,
                           release_segment)
 
@@ -176,34 +182,37 @@ def _tasks(blocks: Iterator[tuple]) -> Iterator[_Task]:
 
 # -- running fn over one task (in the consumer, a thread or a child process) ---------------------
 def _apply(fn: Callable, items: list, records: Optional[np.ndarray], first: int,
-           seeds: Optional[_Seeds]) -> tuple[list, Optional[tuple[int, BaseException]]]:
-    """``fn`` over ``items``: (results, None), or (results before the fault, (its position in
-    the task, the exception))."""
+           seeds: Optional[_Seeds]) -> tuple[list, Optional[tuple[int, BaseException]], dict]:
+    """``fn`` over ``items``: (results, None, skips), or (results before the fault, (its
+    position in the task, the exception), skips); ``skips``: records a decoder called by
+    ``fn`` dropped, ``{field: records}`` (counted in ``stats()``)."""
     out = []
-    try:
-        if seeds is None:
-            for item in items:
-                out.append(fn(item))
-        else:
-            for i, item in enumerate(items):
-                record = None if records is None else int(records[i])
-                out.append(fn(item, seeds.rng(record, first + i)))
-    except Exception as exc:  # noqa: BLE001 - handed to the consumer, wrapped with the position
-        return out, (len(out), exc)
-    return out, None
+    with counting_skips() as skipped:
+        try:
+            if seeds is None:
+                for item in items:
+                    out.append(fn(item))
+            else:
+                for i, item in enumerate(items):
+                    record = None if records is None else int(records[i])
+                    out.append(fn(item, seeds.rng(record, first + i)))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, with the position
+            return out, (len(out), exc), dict(skipped)
+    return out, None, dict(skipped)
 
 
 class _Outcome:
     """A finished task: its results and, if ``fn`` failed, the failure."""
 
-    __slots__ = ("task", "results", "failure", "busy_s")
+    __slots__ = ("task", "results", "failure", "busy_s", "skipped")
 
     def __init__(self, task: _Task, results: list, failure: Optional[tuple[int, BaseException]],
-                 busy_s: float) -> None:
+                 busy_s: float, skipped: dict) -> None:
         self.task = task
         self.results = results
         self.failure = failure
         self.busy_s = busy_s
+        self.skipped = skipped
 
 
 class _Inline:
@@ -217,8 +226,9 @@ class _Inline:
 
     def submit(self, task: _Task) -> None:
         t0 = time.perf_counter()
-        results, failure = _apply(self.fn, task.items, task.records, task.first, self.seeds)
-        self.done.append(_Outcome(task, results, failure, time.perf_counter() - t0))
+        results, failure, skipped = _apply(self.fn, task.items, task.records, task.first,
+                                           self.seeds)
+        self.done.append(_Outcome(task, results, failure, time.perf_counter() - t0, skipped))
 
     def wait(self, ordered: bool) -> _Outcome:
         return self.done.popleft()
@@ -240,8 +250,9 @@ class _Threads:
 
     def _run(self, task: _Task) -> _Outcome:
         t0 = time.perf_counter()
-        results, failure = _apply(self.fn, task.items, task.records, task.first, self.seeds)
-        return _Outcome(task, results, failure, time.perf_counter() - t0)
+        results, failure, skipped = _apply(self.fn, task.items, task.records, task.first,
+                                           self.seeds)
+        return _Outcome(task, results, failure, time.perf_counter() - t0, skipped)
 
     def submit(self, task: _Task) -> None:
         self.pending[self.pool.submit(self._run, task)] = task
@@ -263,13 +274,27 @@ class _Threads:
 
 
 # -- processes -------------------------------------------------------------------------------------
-def _process_context(fn_bytes: bytes) -> Any:
-    methods = multiprocessing.get_all_start_methods()
-    if "forkserver" not in methods:
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    _preload(ctx, fn_bytes)
-    return ctx
+def _process_class(fn_bytes: bytes) -> Any:
+    """The Process class of map children: forkserver children that do not import ``__main__``
+    (see :mod:`._mainless`); ``spawn`` where there is no forkserver."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn").Process
+    _preload(multiprocessing.get_context("forkserver"), fn_bytes)
+    return MainlessProcess
+
+
+def dump_function(fn: Callable) -> bytes:
+    """``fn`` pickled for a map process: by value where it cannot be imported by name (defined
+    in ``__main__``, a lambda, a closure), as cloudpickle does, so that a child never imports
+    the user's script. The bytes go from parent to child only (a child trusts its parent)."""
+    try:
+        import cloudpickle
+    except ImportError as exc:  # a dependency of streamio, but an environment may lack it
+        raise MissingDependencyError(message="map(backend='process') needs cloudpickle (a"
+                                     " dependency of streamio): pip install 'cloudpickle>=3.1'"
+                                     ) from exc
+
+    return cloudpickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
 
 
 def _preload(ctx: Any, fn_bytes: bytes) -> None:
@@ -279,7 +304,8 @@ def _preload(ctx: Any, fn_bytes: bytes) -> None:
     itself, every epoch, in each of the ``k`` children: on a 2-core machine that is a tenth of an
     epoch of 1,000 images. Imported once in the server, they come with every fork for free. Only
     effective before the server starts (the first process map of this program); names already
-    set with ``set_forkserver_preload`` are kept. Only streamio's own modules (and the libraries
+    set with ``set_forkserver_preload`` are kept, except ``__main__``, which would run a script
+    without a ``__main__`` guard inside the server. Only streamio's own modules (and the libraries
     they name) are preloaded: a user's module may import something that starts threads (TensorFlow
     does), and a fork of a server with threads could inherit a held lock; such modules are
     imported by each child after its fork, as before.
@@ -293,7 +319,8 @@ def _preload(ctx: Any, fn_bytes: bytes) -> None:
     for name in list(modules):
         modules.extend(getattr(sys.modules[name], "_FORKSERVER_PRELOAD", ()))
     current = list(getattr(server, "_preload_modules", ["__main__"]))
-    wanted = current + [m for m in dict.fromkeys(modules) if m not in current]
+    kept = [m for m in current if m != "__main__"]
+    wanted = kept + [m for m in dict.fromkeys(modules) if m not in kept]
     if wanted != current:
         ctx.set_forkserver_preload(wanted)
 
@@ -305,8 +332,8 @@ def _pickled_modules(fn_bytes: bytes) -> list:
     skips those that are missing."""
     found: list = ["streamio.pipeline.parallel"]
     for _, arg, _ in pickletools.genops(fn_bytes):
-        if (isinstance(arg, str) and arg.startswith("streamio.") and arg in sys.modules
-                and arg not in found):
+        if (isinstance(arg, str) and (arg.startswith("streamio.") or arg == "cloudpickle")
+                and arg in sys.modules and arg not in found):
             found.append(arg)
     return found
 
@@ -399,9 +426,9 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
             # the resource tracker, which the child shares with its parent: a set, so the
             # parent's unlink leaves it clean.)
             items = _unpack(attach(attached, slot, name).buf[:size], shape, lengths)
-            results, failure = _apply(fn, items, records, first, seeds)
+            results, failure, skipped = _apply(fn, items, records, first, seeds)
         except Exception as exc:  # noqa: BLE001 - reported like a failure of fn on item 0
-            results, failure = [], (0, exc)
+            results, failure, skipped = [], (0, exc), {}
         busy = time.perf_counter() - t0
         if failure is not None:
             position, exc = failure
@@ -415,11 +442,11 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
                                      if buffers else (None, []))
             del buffers
             conn.send_bytes(pickle.dumps((tid, segment_name, retired, payload, spans, failure,
-                                          busy), pickle.HIGHEST_PROTOCOL))
+                                          busy, skipped), pickle.HIGHEST_PROTOCOL))
         except Exception as exc:  # noqa: BLE001 - e.g. results that do not pickle
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             conn.send_bytes(pickle.dumps((tid, None, [], pickle.dumps([]), [],
-                                          (0, _portable(exc), text), busy)))
+                                          (0, _portable(exc), text), busy, skipped)))
 
 
 class _Processes:
@@ -433,8 +460,8 @@ class _Processes:
         self.max_tasks = 2 * k
         # Named for the process that owns them, so a leftover is easy to attribute.
         self.prefix = f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
-        fn_bytes = pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
-        ctx = _process_context(fn_bytes)
+        fn_bytes = dump_function(fn)
+        process_class = _process_class(fn_bytes)
         self.conns: list = []
         self.procs: list = []
         self.queued: list = []  # per child: deque of task ids sent to it
@@ -448,9 +475,9 @@ class _Processes:
         self.results = ParentResults()
         try:
             for _ in range(k):
-                parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=_child_main, args=(child, fn_bytes, seeds),
-                                   name="streamio-map", daemon=True)
+                parent, child = multiprocessing.Pipe(duplex=True)
+                proc = process_class(target=_child_main, args=(child, fn_bytes, seeds),
+                                     name="streamio-map", daemon=True)
                 proc.start()
                 child.close()
                 self.conns.append(parent)
@@ -524,7 +551,7 @@ class _Processes:
                     raise self._died(i)
 
     def _file(self, child: int, message: bytes) -> None:
-        tid, segment_name, retired, payload, spans, failure, busy = pickle.loads(message)
+        tid, segment_name, retired, payload, spans, failure, busy, skipped = pickle.loads(message)
         task, _, slot = self.tasks[tid]
         self.results.receive(segment_name, retired)
         self.queued[child].remove(tid)
@@ -535,8 +562,8 @@ class _Processes:
             exc.__cause__ = _RemoteTraceback(text)
             failure = (position, exc)
         # Rebuilt when the consumer takes it (see _take): a result read ahead is not lent yet.
-        self.finished[tid] = (_Outcome(task, [], failure, busy), child, segment_name, payload,
-                              spans)
+        self.finished[tid] = (_Outcome(task, [], failure, busy, skipped), child, segment_name,
+                              payload, spans)
 
     def _take(self, tid: int) -> _Outcome:
         outcome, child, segment_name, payload, spans = self.finished.pop(tid)
@@ -679,6 +706,7 @@ def _drive(pool: Any, tasks: Iterator[_Task], ordered: bool, place: MapPlace,
         in_flight -= 1
         in_flight_bytes -= outcome.task.nbytes
         stats.decode_s += outcome.busy_s
+        stats.note_decoder_skips(outcome.skipped)
         task = outcome.task
         records = task.records
         if outcome.results:
@@ -740,9 +768,11 @@ def check_map_args(fn: Any, num_parallel: Any, ordered: Any, backend: Any,
         raise UsageError(f"seed must be a non-negative int or None, not {seed!r}")
     if backend == "process" and num_parallel is not None:
         try:
-            pickle.dumps(fn, pickle.HIGHEST_PROTOCOL)
+            dump_function(fn)
+        except MissingDependencyError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing
-            raise UsageTypeError(f"map(backend='process') needs a picklable function (a module-level"
-                            f" function, a functools.partial, a decoder's method), and"
-                            f" {_name(fn)} is not: {exc}") from exc
+            raise UsageTypeError(f"map(backend='process') needs a function that pickles (with"
+                                 f" cloudpickle: functions, lambdas, closures, a decoder's"
+                                 f" method), and {_name(fn)} does not: {exc}") from exc
 

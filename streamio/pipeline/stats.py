@@ -9,6 +9,7 @@ structure and takes a lock.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Any, Optional
@@ -19,7 +20,7 @@ __all__ = ["EpochStats", "STATS_KEYS", "empty_snapshot", "merge_snapshots"]
 STATS_KEYS = (
     "epoch", "records", "batches", "bytes", "bytes_decoded", "records_read", "skipped_records",
     "skipped_bytes", "sources_opened", "source_wait_s", "decode_s", "wait_s", "consumer_s",
-    "first_batch_s", "elapsed_s", "records_per_s", "finished",
+    "first_batch_s", "elapsed_s", "records_per_s", "finished", "decoder_skipped",
 )
 _READER_FIELDS = ("bytes_read", "bytes_decoded", "records", "skipped_records", "skipped_bytes",
                   "source_wait_s")
@@ -33,6 +34,9 @@ class EpochStats:
       ``source_wait_s``: summed over the readers of the epoch (``bytes`` as read from the
       source, compressed if it is; ``records_read`` counts every framed record, also those a
       round-robin shard passes over); ``source_wait_s`` is time blocked reading the source;
+    - ``decoder_skipped``: records a decoder dropped under its own ``on_error="skip"`` (an
+      image that does not decode), also counted in ``skipped_records``; which fields failed is
+      in ``decoder_skipped_fields`` (``{field: records}``);
     - ``decode_s``: time in the decoder; ``wait_s``: time the consumer spent inside ``next()``
       waiting for the pipeline; ``consumer_s``: the rest of the epoch, when the consumer held
       the data (a training step). ``wait_s`` much larger than ``consumer_s`` means input-bound;
@@ -58,6 +62,7 @@ class EpochStats:
         self.decode_s = 0.0
         self.wait_s = 0.0
         self.first_batch_s: Optional[float] = None
+        self.decoder_skipped: collections.Counter = collections.Counter()
 
     # -- written by the pipeline ----------------------------------------------------------------
     def reader_opened(self, reader_stats: Any) -> None:
@@ -74,6 +79,12 @@ class EpochStats:
                     for field in _READER_FIELDS:
                         self._closed[field] += getattr(reader_stats, field, 0)
                     break
+
+    def note_decoder_skips(self, skipped: dict) -> None:
+        """Records a decoder dropped (``{field: records}``, see ``decoders._skips``)."""
+        if skipped:
+            with self._lock:
+                self.decoder_skipped.update(skipped)
 
     def first_item(self) -> None:
         if self.first_batch_s is None:
@@ -95,6 +106,8 @@ class EpochStats:
             for live in self._live:
                 for field in _READER_FIELDS:
                     totals[field] += getattr(live, field, 0)
+            fields = dict(self.decoder_skipped)
+        dropped = sum(fields.values())
         end = self._end if self._end is not None else self._clock()
         elapsed = max(0.0, end - self._start)
         wait_s = self.wait_s
@@ -105,7 +118,7 @@ class EpochStats:
             "bytes": totals["bytes_read"],
             "bytes_decoded": totals["bytes_decoded"],
             "records_read": totals["records"],
-            "skipped_records": totals["skipped_records"],
+            "skipped_records": totals["skipped_records"] + dropped,
             "skipped_bytes": totals["skipped_bytes"],
             "sources_opened": self.sources_opened,
             "source_wait_s": totals["source_wait_s"],
@@ -116,6 +129,8 @@ class EpochStats:
             "elapsed_s": elapsed,
             "records_per_s": self.records / elapsed if elapsed > 0 else 0.0,
             "finished": self.finished,
+            "decoder_skipped": dropped,
+            "decoder_skipped_fields": fields,
         }
 
 
@@ -123,13 +138,15 @@ def empty_snapshot() -> dict[str, Any]:
     """What ``stats()`` says before any epoch ran: zeros (``epoch``/``first_batch_s`` None)."""
     snap: dict[str, Any] = dict.fromkeys(STATS_KEYS, 0)
     snap.update(epoch=None, first_batch_s=None, finished=False, source_wait_s=0.0, decode_s=0.0,
-                wait_s=0.0, consumer_s=0.0, elapsed_s=0.0, records_per_s=0.0)
+                wait_s=0.0, consumer_s=0.0, elapsed_s=0.0, records_per_s=0.0,
+                decoder_skipped_fields={})
     return snap
 
 
 #: Counters that add up over the readers of one epoch (DataLoader workers, input pipelines).
 _SUMMED = ("records", "batches", "bytes", "bytes_decoded", "records_read", "skipped_records",
-           "skipped_bytes", "sources_opened", "source_wait_s", "decode_s", "wait_s", "consumer_s")
+           "skipped_bytes", "sources_opened", "source_wait_s", "decode_s", "wait_s", "consumer_s",
+           "decoder_skipped")
 
 
 def merge_snapshots(snapshots: list) -> dict[str, Any]:
@@ -139,7 +156,9 @@ def merge_snapshots(snapshots: list) -> dict[str, Any]:
     if not snapshots:
         return empty_snapshot()
     if len(snapshots) == 1:
-        return dict(snapshots[0])
+        out = dict(snapshots[0])
+        out.setdefault("decoder_skipped_fields", {})  # not carried by the workers' table
+        return out
     out = empty_snapshot()
     for key in _SUMMED:
         out[key] = sum(snap[key] for snap in snapshots)
@@ -149,4 +168,8 @@ def merge_snapshots(snapshots: list) -> dict[str, Any]:
     out["elapsed_s"] = max(snap["elapsed_s"] for snap in snapshots)
     out["records_per_s"] = out["records"] / out["elapsed_s"] if out["elapsed_s"] > 0 else 0.0
     out["finished"] = all(snap["finished"] for snap in snapshots)
+    fields: collections.Counter = collections.Counter()
+    for snap in snapshots:
+        fields.update(snap.get("decoder_skipped_fields") or {})
+    out["decoder_skipped_fields"] = dict(fields)
     return out

@@ -77,7 +77,11 @@ class PipeChannel:
             deadline = time.monotonic() + open_timeout
         while not os.path.exists(path):
             if deadline is not None and time.monotonic() >= deadline:
-                raise SourceError(f"pipe did not appear within {open_timeout:g} s", source=path)
+                raise SourceError(
+                    f"the FIFO of epoch {self.epoch} did not appear within {open_timeout:g} s:"
+                    f" the writer may have served fewer epochs than this reader asked for"
+                    f" (`streamio sagemaker-local` and `serve-pipe` serve --epochs, 1 by"
+                    f" default)", source=path)
             time.sleep(_APPEAR_POLL_S)
         # The time left, or "forever": FileSource would take None to mean read_timeout.
         remaining = math.inf if deadline is None else max(0.001, deadline - time.monotonic())

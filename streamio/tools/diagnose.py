@@ -57,6 +57,12 @@ class RunFigures:
     cpu_process: float = 0.0  # process CPU seconds / wall seconds (1.0 = one core busy)
     cpu_per_core: list = field(default_factory=list)  # machine busy share per core
     timeline: list = field(default_factory=list)
+    #: Processes that read the input (DataLoader workers): source wait and decode are their
+    #: sums, shown as a share of ``readers * seconds``.
+    readers: int = 1
+    #: Whether the pipeline's counters (bytes, source wait, decode) were reported for this run;
+    #: the table shows n/a where they were not.
+    counted: bool = True
 
     @property
     def records_per_s(self) -> float:
@@ -79,6 +85,12 @@ class Diagnosis:
     explanation: str = ""
     suggestion: str = ""
     source_limit_mb_s: Optional[float] = None
+    #: The most threads or processes a ``map()`` of the pipeline already runs on (1: none).
+    map_parallelism: int = 1
+
+    def __str__(self) -> str:
+        """The report: :meth:`table` (``print(streamio.diagnose(ds))``)."""
+        return self.table()
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -90,11 +102,12 @@ class Diagnosis:
         runs = [self.alone, self.with_step, *self.workers]
         rows = [
             ("records/s", lambda r: f"{r.records_per_s:,.0f}"),
-            ("MB/s read", lambda r: f"{r.bytes / r.seconds / 1e6:,.1f}" if r.seconds else "-"),
+            ("MB/s read", lambda r: "n/a" if not r.counted else
+             f"{r.bytes / r.seconds / 1e6:,.1f}" if r.seconds else "-"),
             ("first batch", lambda r: "-" if r.first_batch_s is None
              else f"{r.first_batch_s * 1000:,.0f} ms"),
-            ("source wait (I/O)", lambda r: _share(r.source_wait_s, r.seconds)),
-            ("decode", lambda r: _share(r.decode_s, r.seconds)),
+            ("source wait (I/O)", lambda r: _counted(r, r.source_wait_s)),
+            ("decode", lambda r: _counted(r, r.decode_s)),
             # Alone, the whole pipeline runs inside next(): what is neither I/O nor decode.
             ("framing+shuffle+batch", lambda r: _share(
                 max(0.0, r.seconds - r.source_wait_s - r.decode_s), r.seconds)
@@ -144,6 +157,11 @@ def _share(part: float, whole: float) -> str:
     return f"{part / whole:.0%} ({part:,.2f} s)" if whole > 0 else "-"
 
 
+def _counted(run: RunFigures, part: float) -> str:
+    """``part`` (summed over the run's readers) as a share of their time, or n/a."""
+    return _share(part, run.seconds * run.readers) if run.counted else "n/a"
+
+
 def _cpu_ticks() -> list:
     """[(busy, total)] per core from /proc/stat (empty where there is none)."""
     try:
@@ -170,8 +188,9 @@ def _rows(item: Any) -> int:
 
 
 def _timed_run(name: str, iterable: Any, *, seconds: float, step: Optional[Callable],
-               stats: Optional[Callable[[], dict]]) -> RunFigures:
-    fig = RunFigures(name)
+               stats: Optional[Callable[[], dict]], readers: int = 1) -> RunFigures:
+    """``stats()`` gives the counters of the run's epoch, or None when it has none to give."""
+    fig = RunFigures(name, readers=readers)
     clock = time.perf_counter
     ticks0, cpu0 = _cpu_ticks(), os.times()
     start = clock()
@@ -188,7 +207,7 @@ def _timed_run(name: str, iterable: Any, *, seconds: float, step: Optional[Calla
             if fig.first_batch_s is None:
                 fig.first_batch_s = got - start
                 if stats is not None:  # a first batch can wait on a whole block's decoding
-                    fig.first_batch_decode_s = float(stats().get("decode_s", 0.0))
+                    fig.first_batch_decode_s = float((stats() or {}).get("decode_s", 0.0))
             fig.batches += 1
             fig.records += _rows(item)
             spent = 0.0
@@ -208,8 +227,9 @@ def _timed_run(name: str, iterable: Any, *, seconds: float, step: Optional[Calla
     fig.cpu_process = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / fig.seconds
     fig.cpu_per_core = [(b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
                         for (b0, t0), (b1, t1) in zip(ticks0, ticks1)]
-    if stats is not None:
-        s = stats()
+    s = None if stats is None else stats()
+    fig.counted = s is not None
+    if s is not None:
         fig.bytes = int(s.get("bytes", 0))
         fig.source_wait_s = float(s.get("source_wait_s", 0.0))
         fig.decode_s = float(s.get("decode_s", 0.0)) + float(s.get("map_s", 0.0) or 0.0)
@@ -244,7 +264,7 @@ def _raw_read_rate(ds: Any, seconds: float) -> Optional[float]:
     return total / elapsed / 1e6 if elapsed > 0 else None
 
 
-def _verdict(d: Diagnosis, step_per_batch: float) -> None:
+def _verdict(d: Diagnosis, step_per_batch: float, cores: Optional[int] = None) -> None:
     alone, loaded = d.alone, d.with_step
     if not alone.batches:
         d.bottleneck, d.explanation = "start-up", "no batch arrived within the time allowed."
@@ -282,18 +302,29 @@ def _verdict(d: Diagnosis, step_per_batch: float) -> None:
                         " from S3 in the same region), or store it compressed (gzip reads fewer"
                         " bytes when the link, not the CPU, is the limit).")
         return
-    cores = max(1, os.cpu_count() or 1)
-    k = min(2, cores) if cores > 1 else 2
-    predicted = input_per_batch * (io + cpu_share / k)
-    now_wait = loaded.wait_share
-    new_wait = max(0.0, predicted - step_per_batch) / max(predicted, step_per_batch)
+    cores = max(1, cores or os.cpu_count() or 1)
+    have = max(1, d.map_parallelism)  # the measured run already had this many
     d.bottleneck = "decode"
     d.explanation = (f"framing and decoding take {cpu_share:.0%} of the input time"
                      f" ({input_per_batch * 1000:,.1f} ms per batch against a"
                      f" {step_per_batch * 1000:,.1f} ms step).")
-    d.suggestion = (f"{k} parallel decoders (ds.map(..., num_parallel={k}) or"
-                    f" DataLoader(num_workers={k})) would cut the input wait from"
-                    f" {now_wait:.0%} to ~{new_wait:.0%} of a step ({cores} cores here).")
+    if have > 1 and have >= cores:
+        d.suggestion = (f"the pipeline already maps with num_parallel={have} on {cores} cores:"
+                        " more parallel decoders cannot help here; make decoding cheaper"
+                        " (smaller stored images, fewer fields) or give the input more cores.")
+        return
+    k = min(2 * have, cores) if cores > 1 else 2
+    predicted = input_per_batch * (io + cpu_share * have / k)
+    now_wait = loaded.wait_share
+    new_wait = max(0.0, predicted - step_per_batch) / max(predicted, step_per_batch)
+    how = (f"ds.map(..., num_parallel={k}) or DataLoader(num_workers={k})" if have == 1 else
+           f"num_parallel={k} instead of the map's {have}")
+    if new_wait < now_wait:
+        gain = f"cut the input wait from {now_wait:.0%} to ~{new_wait:.0%} of a step"
+    else:  # a step too short to hide any input: say what the input rate would become
+        gain = (f"take the input from {1 / input_per_batch:,.0f} to"
+                f" ~{1 / predicted:,.0f} batches/s")
+    d.suggestion = f"{k} parallel decoders ({how}) would {gain} ({cores} cores here)."
 
 
 def diagnose(ds: Any, *, step: Optional[Callable[[Any], Any]] = None, step_ms: float = 5.0,
@@ -319,7 +350,8 @@ def diagnose(ds: Any, *, step: Optional[Callable[[Any], Any]] = None, step_ms: f
     alone = _timed_run("input alone", ds, seconds=half, step=None, stats=ds.stats)
     with_step = _timed_run("with step", ds, seconds=half, step=step, stats=ds.stats)
     d = Diagnosis(alone=alone, with_step=with_step,
-                  source_limit_mb_s=_raw_read_rate(ds, min(5.0, half)))
+                  source_limit_mb_s=_raw_read_rate(ds, min(5.0, half)),
+                  map_parallelism=int(getattr(ds, "map_parallelism", 1)))
     step_per_batch = with_step.step_s / with_step.batches if with_step.batches else 0.0
     _verdict(d, step_per_batch)
     for k in workers:
@@ -327,10 +359,21 @@ def diagnose(ds: Any, *, step: Optional[Callable[[Any], Any]] = None, step_ms: f
             continue
         import torch.utils.data
 
-        loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=k)
+        torch_ds = ds.to_torch()
+        loader = torch.utils.data.DataLoader(torch_ds, batch_size=None, num_workers=k)
         d.workers.append(_timed_run(f"{k} workers", loader, seconds=half, step=step,
-                                    stats=None))
+                                    stats=_epoch_stats_since(torch_ds, time.time()),
+                                    readers=k))
     return d
+
+
+def _epoch_stats_since(torch_ds: Any, started: float) -> Callable[[], Optional[dict]]:
+    """The counters the DataLoader workers published for an epoch that began after ``started``
+    (they publish every ``STATS_INTERVAL_S`` and at the end), or None: never an earlier run's."""
+    def stats() -> Optional[dict]:
+        found = torch_ds.latest_stats()
+        return found[1] if found is not None and found[0] >= started else None
+    return stats
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -368,7 +411,9 @@ def add_cli(sub) -> None:
     p.add_argument("sources", nargs="+", metavar="SOURCE")
     p.add_argument("--format", "-f", required=True)
     p.add_argument("--decoder", default=None,
-                   help="example:SPEC.json, csv[:LABEL_COLUMN], recordio-protobuf or none")
+                   help="example:SPEC.json (a JSON object {feature: {\"dtype\": \"float32\","
+                        " \"shape\": [16]}}; \"varlen\": true for a VarLen; see the README),"
+                        " csv[:LABEL_COLUMN], recordio-protobuf or none")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--shuffle", type=int, default=0, help="shuffle buffer size (0: none)")
     p.add_argument("--workers", default="0", help="DataLoader worker counts to try, e.g. 0,2")

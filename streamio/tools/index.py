@@ -18,7 +18,8 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Iterator, Optional, TextIO
 
-from ..errors import CorruptRecordError, TruncatedStreamError, UsageError
+from ..errors import (CorruptRecordError, FormatError, StreamioError, TruncatedStreamError,
+                      UsageError)
 from ..formats.index_file import encode_index, index_suffix
 from ..formats.recordio import LENGTH_MASK, MAGIC
 from ..formats.tfrecord import masked_crc32c
@@ -196,13 +197,42 @@ def add_cli(sub: Any) -> None:
 
 
 def cmd_index(args: Any) -> int:
+    """Index each file; a file that cannot be indexed is reported (with what its bytes look
+    like) and the others are still indexed; exit status 1 if any failed."""
+    from ..cli import command_line_hint
+
+    failed = 0
     for path in args.files:
-        bar = (_Bar(sys.stderr, os.path.basename(path), os.stat(path).st_size)
-               if sys.stderr.isatty() else None)
         try:
-            out = write_index(path, args.format, progress=bar)
-        finally:
-            if bar is not None:
-                bar.close()
+            out = _index_one(path, args.format)
+        except (StreamioError, OSError) as exc:
+            failed += 1
+            print(f"streamio index: {path}: {command_line_hint(_with_hint(exc, path, args.format))}",
+                  file=sys.stderr)
+            continue
         print(out)
-    return 0
+    return 1 if failed else 0
+
+
+def _index_one(path: str, format: Optional[str]) -> str:
+    bar = (_Bar(sys.stderr, os.path.basename(path), os.stat(path).st_size)
+           if sys.stderr.isatty() else None)
+    try:
+        return write_index(path, format, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _with_hint(exc: BaseException, path: str, format: Optional[str]) -> str:
+    """The error, and what the file's first bytes look like when that is not ``format`` (the
+    hint ``streamio count`` gives)."""
+    text = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, FormatError):
+        return text
+    from ..codecs import describe_head
+
+    with open(path, "rb") as f:
+        head = f.read(64)
+    hint = describe_head(head, format=format or _format_of(path))
+    return f"{text}; {hint}" if hint else text

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
+import glob
 import json
 import os
 import random
@@ -76,8 +77,8 @@ class PackResult:
         """The ``Dataset(...)`` that reads the shards back."""
         if not self.shards:
             return "# no shards were written"
-        prefix = os.path.commonprefix(self.shards)
-        pattern = prefix + "*" + os.path.splitext(self.shards[0])[1]
+        globs = exact_globs(self.shards)
+        pattern = globs[0] if len(globs) == 1 else "[" + ", ".join(f'"{g}"' for g in globs) + "]"
         if self.format == "tfrecord":
             mixed = len(self.payload_keys) > 1
             payload = ", ".join(f'"{key}": FixedLen([], "bytes"' + (', default=b""' if mixed
@@ -85,8 +86,57 @@ class PackResult:
                                 for key in self.payload_keys)
             decoder = (f'Example({{{payload}, "label": FixedLen([], "int64"),'
                        ' "filename": FixedLen([], "bytes")})')
-            return f'Dataset("{pattern}", "tfrecord", decoder={decoder})'
-        return f'Dataset("{pattern}", "recordio", decoder=ImageRecord())'
+            return f'Dataset({_quoted(pattern)}, "tfrecord", decoder={decoder})'
+        return f'Dataset({_quoted(pattern)}, "recordio", decoder=ImageRecord())'
+
+
+def _quoted(pattern: str) -> str:
+    return pattern if pattern.startswith("[") else f'"{pattern}"'
+
+
+def exact_globs(paths: Sequence[str]) -> list:
+    """Glob patterns that match exactly ``paths`` and no other name: for numbered shards
+    ``p-00000.x`` ... ``p-00011.x``, ``["p-0000[0-9].x", "p-0001[0-1].x"]`` (at most a few
+    patterns per digit); the paths themselves when they are not such a run."""
+    paths = list(paths)
+    if len(paths) == 1:
+        return [glob.escape(paths[0])]
+    prefix = os.path.commonprefix(paths)
+    suffix = os.path.commonprefix([p[::-1] for p in paths])[::-1]
+    prefix = prefix.rstrip("0123456789")  # the numbers are whole, of one width
+    suffix = suffix.lstrip("0123456789")
+    numbers = [p[len(prefix):len(p) - len(suffix)] for p in paths]
+    width = len(numbers[0])
+    if not (width and all(len(n) == width and n.isdigit() for n in numbers)):
+        return [glob.escape(p) for p in paths]
+    values = sorted(int(n) for n in numbers)
+    if values != list(range(values[0], values[0] + len(values))):
+        return [glob.escape(p) for p in paths]
+    head, tail = glob.escape(prefix), glob.escape(suffix)
+    return [head + part + tail for part in _digit_globs(values[0], values[-1], width)]
+
+
+def _digit_globs(lo: int, hi: int, width: int) -> list:
+    """Patterns of ``width`` digits matching exactly the numbers ``lo``..``hi``."""
+    if width == 0:
+        return [""]
+    step = 10 ** (width - 1)
+    top_lo, top_hi = lo // step, hi // step
+    if top_lo == top_hi:
+        return [str(top_lo) + rest for rest in _digit_globs(lo % step, hi % step, width - 1)]
+    out = []
+    first_full, last_full = top_lo, top_hi
+    if lo % step:  # the first leading digit covers only part of its range
+        out += [str(top_lo) + rest for rest in _digit_globs(lo % step, step - 1, width - 1)]
+        first_full += 1
+    if hi % step != step - 1:
+        last_full -= 1
+    if first_full <= last_full:
+        digit = str(first_full) if first_full == last_full else f"[{first_full}-{last_full}]"
+        out.append(digit + "[0-9]" * (width - 1))
+    if hi % step != step - 1:
+        out += [str(top_hi) + rest for rest in _digit_globs(0, hi % step, width - 1)]
+    return out
 
 
 @dataclass(frozen=True)
