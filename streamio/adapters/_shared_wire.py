@@ -143,7 +143,7 @@ def parse_header(data: bytes, max_records: int, max_payload: int) -> tuple:
         ok = count == 0 and size <= MAX_ERROR_BYTES
     else:
         ok = False
-    if not ok:
+    if not ok or bytes(data[1:4]) != b"\0\0\0":
         raise SourceError(f"a malformed message header (kind {kind}, {count} records,"
                           f" {size} bytes)")
     return kind, count, size
@@ -186,10 +186,10 @@ def parse_error(payload: Any) -> StreamioError:
     try:
         data = json.loads(bytes(payload).decode("utf-8"))
         kind, message, fields = data["type"], data["message"], data["fields"]
-        if not (isinstance(kind, str) and isinstance(message, str) and isinstance(fields, dict)):
-            raise TypeError("fields of the wrong type")
-    except (ValueError, KeyError, TypeError) as exc:
-        return SourceError(f"the shared stream's dealer sent an unreadable error ({exc})")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        return SourceError(f"the shared stream's dealer sent an unreadable error ({exc!r:.200})")
+    if not (isinstance(kind, str) and isinstance(message, str) and isinstance(fields, dict)):
+        return SourceError("the shared stream's dealer sent an error of the wrong shape")
     fields = {k: v for k, v in fields.items() if k in _FIELDS
               and (v is None or isinstance(v, (str, int)) and not isinstance(v, bool))}
     cls = _error_classes().get(kind)

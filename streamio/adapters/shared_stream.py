@@ -44,9 +44,10 @@ Several ranks of one host (torchrun's local ranks; SageMaker gives each host one
 channel) share one stream the same way: the dealer runs in **local rank 0**'s worker 0 (its main
 process with ``num_workers=0``) and serves ``LOCAL_WORLD_SIZE x max(1, num_workers)`` clients,
 each rank's workers included; every rank derives the dealer's address alike from the stream's
-real path, the epoch and the job (:func:`stream_address`). Each client says who it is (local
-rank, worker, its rank's worker count, the local world size) when it connects; the dealer knows
-a rank's worker count from its first client and waits for every worker of every local rank.
+real path, the epoch and the job, keyed by the user's secret (:func:`stream_address`). Each
+client says who it is (local rank, worker, its rank's worker count, the local world size) when
+it connects; the dealer knows a rank's worker count from its first accepted client and waits
+for every worker of every local rank.
 
 - A rank (or one of its workers) that dies mid-epoch is a socket that closes without a goodbye:
   every other client, in every rank, raises the dealer's ``SourceError`` naming it. If the dead
@@ -71,6 +72,38 @@ a rank's worker count from its first client and waits for every worker of every 
 
 Shares differ between ranks (whoever asks first gets the next block), so under DDP keep
 ``to_device(..., even_batches="drop" | "pad")`` (the default is ``"drop"``).
+
+Other local users (a training host is a shared machine; the data loader must not be a way in).
+What streamio promises: a process of another uid cannot read a record of the shared stream,
+inject one, run code in a rank or worker, or learn or take the name of a later epoch's socket;
+what it can do is make an epoch fail with a ``SourceError`` that names it (by squatting the
+private directory below, for example), never make it silently short. How:
+
+- **Nothing received is code.** Errors travel as plain data (class name, message, attributes,
+  rank/worker: JSON), and only streamio's own error classes are rebuilt from them; every header,
+  hello and block is checked against its limits before anything is allocated
+  (:mod:`._shared_wire`, fuzzed by ``tests/fuzz`` target ``shared_wire``).
+- **Credentials on both ends** (``SO_PEERCRED``): the dealer closes a connection from another
+  uid at once (one ``RuntimeWarning`` per uid); a reader that finds a listener of another uid at
+  its address refuses it with a ``SourceError`` naming its pid and uid, and a dealer whose
+  address is held by another uid refuses to serve, saying so.
+- **Names nobody else can compute**: an HMAC of the stream, the epoch and the job, keyed by a
+  secret. One rank's workers use the ``StreamDataset``'s random token (in memory only, inherited
+  by its workers); local ranks, which share nothing else, use the user's key: 32 random bytes in
+  ``<tempdir>/streamio-<uid>/shared-stream.key`` (directory 0700, file 0600, made once with
+  ``mkstemp`` + ``link``; a directory or key another user could have made or read is refused).
+  The ``torch.distributed`` store is not used for it: it answers anyone who reaches its port.
+  See :mod:`._local_ipc`.
+- **Protocol breakers are dropped.** A connection that sends garbage, a hello that does not fit
+  (unknown magic, a worker or rank out of range, a layout that disagrees with the readers
+  already connected, a place already taken) or that hangs up before its first block is dropped
+  (a hello that does not fit is told why) and its place stays free for the real reader; the
+  epoch goes on. One that leaves or breaks the protocol after it got records ends the epoch for
+  everyone with a ``SourceError`` naming it: its records cannot be delivered.
+- **An address in use** at bind time: held by another uid, refused at once (above); held by a
+  process of this user, waited for up to 10 s (a DataLoader worker of an earlier iteration of
+  the same epoch number, ``set_epoch()`` replays, still exiting), then a ``SourceError`` naming
+  its pid.
 """
 
 from __future__ import annotations
