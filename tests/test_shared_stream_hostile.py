@@ -317,3 +317,47 @@ def test_malformed_blocks_and_headers_are_source_errors():
     for payload in (good[16:-1], good[16:] + b"x", b"\xff\xff\xff\xff", b""):
         with pytest.raises(streamio.SourceError):
             wire.parse_block(count, payload)
+
+
+def test_a_worker_that_stops_early_says_goodbye_and_the_others_finish(tmp_path):
+    """A reader that stops (its loop ended: goodbye, then its socket closes) keeps its place:
+    the other reader finishes the epoch at once, not after connect_timeout with a "missing"
+    error."""
+    ds = Dataset(write_data(str(tmp_path / "d.tfrecord"), N), "tfrecord")
+    token = "d" * 16
+    got: dict = {0: [], 1: []}
+    errors: dict = {}
+    stopped = threading.Event()
+
+    def read(worker: int) -> None:
+        feed = SharedStreamFeed(ds, token=token, epoch=0, worker=worker, num_workers=2,
+                                connect_timeout=8)
+        records = iter(ds._with_feed(feed))
+        try:
+            for record in records:
+                got[worker].append(int(record))
+                if worker == 1:
+                    break  # stops after its first record: goodbye and close
+                if worker == 0 and len(got[0]) == 1:
+                    stopped.wait(10)  # let worker 1 leave first
+        except Exception as exc:  # noqa: BLE001 - checked below
+            errors[worker] = exc
+        finally:
+            records.close()
+            if worker == 1:
+                stopped.set()
+
+    def both() -> float:
+        threads = [threading.Thread(target=read, args=(w,), daemon=True) for w in (0, 1)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.monotonic() - t0
+
+    seconds = bounded(both, 60)
+    assert errors == {}, errors
+    assert got[1] and len(got[0]) + len(got[1]) <= N and len(set(got[0] + got[1])) == \
+        len(got[0]) + len(got[1])
+    assert seconds < 8, f"the dealer waited {seconds:.1f} s for a reader that had said goodbye"

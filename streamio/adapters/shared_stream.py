@@ -425,14 +425,15 @@ class _Dealer(threading.Thread):
             self.clients.append(client)
             self.selector.register(sock, selectors.EVENT_READ, client)
 
-    def _drop(self, client: _Client, note: Optional[str]) -> None:
-        """Forget a client that held no records (it left or broke the protocol): its place,
-        if it had one, is free again for the reader it claimed to be."""
+    def _drop(self, client: _Client, note: Optional[str] = None) -> None:
+        """Forget a client: one that is done, or one that held no records and left or broke
+        the protocol (``note`` says how), whose place is free again for the reader it claimed
+        to be."""
         if note is not None:
             self.notes.append(note)
+            if client.worker is not None:
+                self.greeted.discard((client.local_rank, client.worker))
         client.finished = True
-        if client.worker is not None:
-            self.greeted.discard((client.local_rank, client.worker))
         self.selector.unregister(client.sock)
         self.clients.remove(client)
         _close_quietly(client.sock)
@@ -449,7 +450,7 @@ class _Dealer(threading.Thread):
 
     def _hung_up(self, client: _Client) -> None:
         if client.finished or client.worker is None:
-            self._drop(client, None)  # done, or a connection that never said hello
+            self._drop(client)  # done, or a connection that never said hello
         elif client.blocks:
             raise _Lost(client.local_rank, client.worker, "left (it died or stopped early)")
         else:
@@ -477,7 +478,7 @@ class _Dealer(threading.Thread):
                             source=self.stream_name), event[0], event[1]))
                     except OSError:
                         pass
-                    self._drop(client, None)
+                    self._drop(client)
                     return
                 client.local_rank, client.worker = event.who
             elif event == "want":
