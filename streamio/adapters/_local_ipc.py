@@ -157,6 +157,7 @@ def listen(address: Any, what: str) -> socket.socket:
     previous holder that is exiting), then named. A stale socket file (nobody listening) is
     replaced."""
     deadline = time.monotonic() + IN_USE_GRACE_S
+    known = None  # the holder last seen (a full accept queue stops answering probes)
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -168,6 +169,7 @@ def listen(address: Any, what: str) -> socket.socket:
             if exc.errno != errno.EADDRINUSE:
                 raise SourceError(f"cannot serve {what}: {exc.strerror}") from exc
         holder = _holder(address)
+        known = holder or known
         if holder is not None and holder[1] != _uid():
             raise SourceError(
                 f"refusing to serve {what}: its address is held by pid {holder[0]} of uid"
@@ -179,7 +181,7 @@ def listen(address: Any, what: str) -> socket.socket:
             except FileNotFoundError:
                 continue
         if time.monotonic() > deadline:
-            who = f"pid {holder[0]} (this user)" if holder is not None else "a process"
+            who = f"pid {known[0]} (this user)" if known is not None else "a process"
             raise SourceError(
                 f"cannot serve {what}: its dealer address is still in use by {who} after"
                 f" {IN_USE_GRACE_S:g} s - two readers of this job deal the same epoch (a DataLoader"
