@@ -49,7 +49,8 @@ _keys: dict = {}  # key path -> the key, read once per process
 
 
 def _uid() -> int:
-    return os.getuid() if hasattr(os, "getuid") else 0
+    # The effective uid: what SO_PEERCRED reports and what owns the files this process makes.
+    return os.geteuid() if hasattr(os, "geteuid") else 0
 
 
 def private_dir() -> str:

@@ -390,7 +390,7 @@ class _Dealer(threading.Thread):
                         # never to wait on a socket, and a client whose rank is blocked in a
                         # collective may not ask until the others finish.
                         waiting.clear()
-                        for client in self.clients:
+                        for client in list(self.clients):  # (a client may be dropped)
                             if client.worker is not None and not client.finished:
                                 self._send_last(client, waiting)
                 if reading:
@@ -454,9 +454,8 @@ class _Dealer(threading.Thread):
         elif client.blocks:
             raise _Lost(client.local_rank, client.worker, "left (it died or stopped early)")
         else:
-            self._drop(client, f"{_who(client.local_rank, client.worker, self.local_world_size)}"
-                               " hung up before"
-                               " its first block")
+            who = _who(client.local_rank, client.worker, self.local_world_size)
+            self._drop(client, f"{who} hung up before its first block")
 
     def _parse(self, client: _Client, data: bytes, waiting: collections.deque) -> None:
         try:
