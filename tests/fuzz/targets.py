@@ -12,7 +12,9 @@ Every target has an ``encode`` that builds an input from readable arguments, so 
 seed's payload bytes stays a mutation of the stream. Input layouts are in each decoder.
 
 To add a kernel: write ``run`` and ``encode``, add a ``Target`` to ``TARGETS`` naming the kernel,
-and seeds in ``make_corpus.py``. ``tests/test_fuzz_harness.py`` fails while a public function of
+and seeds in ``make_corpus.py``. A parser of untrusted bytes written in Python only (a wire
+protocol) is a ``Target`` with no kernels: ``run`` ignores ``ck`` and checks the parser's own
+rules, and ``fuzz.py`` always instruments its modules for coverage. ``tests/test_fuzz_harness.py`` fails while a public function of
 ``streamio._speedups`` has no target.
 """
 

@@ -13,6 +13,7 @@ usage: shared_hostile_check.py WORKDIR HOSTILE_PYTHON   -> prints one JSON objec
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -133,6 +134,7 @@ def main(workdir, hostile_python):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        shutil.rmtree(pub, ignore_errors=True)
 
 
 if __name__ == "__main__":
