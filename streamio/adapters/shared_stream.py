@@ -306,6 +306,7 @@ class _Dealer(threading.Thread):
         try:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - every client is told, then we stop
+            rank = worker = None  # the reader the error is about, if one
             if isinstance(exc, _Lost):
                 rank, worker, what = exc.args
                 exc = SourceError(
@@ -316,7 +317,7 @@ class _Dealer(threading.Thread):
                 exc = SourceError(f"the dealer of {self.stream_name} failed: {exc!r}",
                                   source=self.stream_name)
             self.failure = exc
-            message = wire.encode_error(exc)
+            message = wire.encode_error(exc, rank, worker)
             for client in self.clients:
                 if client.worker is not None and not client.finished:
                     try:
