@@ -44,9 +44,10 @@ Several ranks of one host (torchrun's local ranks; SageMaker gives each host one
 channel) share one stream the same way: the dealer runs in **local rank 0**'s worker 0 (its main
 process with ``num_workers=0``) and serves ``LOCAL_WORLD_SIZE x max(1, num_workers)`` clients,
 each rank's workers included; every rank derives the dealer's address alike from the stream's
-real path, the epoch and the job (:func:`stream_address`). Each client says who it is (local
-rank, worker, its rank's worker count, the local world size) when it connects; the dealer knows
-a rank's worker count from its first client and waits for every worker of every local rank.
+real path, the epoch and the job, keyed by the user's secret (:func:`stream_address`). Each
+client says who it is (local rank, worker, its rank's worker count, the local world size) when
+it connects; the dealer knows a rank's worker count from its first accepted client and waits
+for every worker of every local rank.
 
 - A rank (or one of its workers) that dies mid-epoch is a socket that closes without a goodbye:
   every other client, in every rank, raises the dealer's ``SourceError`` naming it. If the dead
@@ -71,6 +72,38 @@ a rank's worker count from its first client and waits for every worker of every 
 
 Shares differ between ranks (whoever asks first gets the next block), so under DDP keep
 ``to_device(..., even_batches="drop" | "pad")`` (the default is ``"drop"``).
+
+Other local users (a training host is a shared machine; the data loader must not be a way in).
+What streamio promises: a process of another uid cannot read a record of the shared stream,
+inject one, run code in a rank or worker, or learn or take the name of a later epoch's socket;
+what it can do is make an epoch fail with a ``SourceError`` that names it (by squatting the
+private directory below, for example), never make it silently short. How:
+
+- **Nothing received is code.** Errors travel as plain data (class name, message, attributes,
+  rank/worker: JSON), and only streamio's own error classes are rebuilt from them; every header,
+  hello and block is checked against its limits before anything is allocated
+  (:mod:`._shared_wire`, fuzzed by ``tests/fuzz`` target ``shared_wire``).
+- **Credentials on both ends** (``SO_PEERCRED``): the dealer closes a connection from another
+  uid at once (one ``RuntimeWarning`` per uid); a reader that finds a listener of another uid at
+  its address refuses it with a ``SourceError`` naming its pid and uid, and a dealer whose
+  address is held by another uid refuses to serve, saying so.
+- **Names nobody else can compute**: an HMAC of the stream, the epoch and the job, keyed by a
+  secret. One rank's workers use the ``StreamDataset``'s random token (in memory only, inherited
+  by its workers); local ranks, which share nothing else, use the user's key: 32 random bytes in
+  ``<tempdir>/streamio-<uid>/shared-stream.key`` (directory 0700, file 0600, made once with
+  ``mkstemp`` + ``link``; a directory or key another user could have made or read is refused).
+  The ``torch.distributed`` store is not used for it: it answers anyone who reaches its port.
+  See :mod:`._local_ipc`.
+- **Protocol breakers are dropped.** A connection that sends garbage, a hello that does not fit
+  (unknown magic, a worker or rank out of range, a layout that disagrees with the readers
+  already connected, a place already taken) or that hangs up before its first block is dropped
+  (a hello that does not fit is told why) and its place stays free for the real reader; the
+  epoch goes on. One that leaves or breaks the protocol after it got records ends the epoch for
+  everyone with a ``SourceError`` naming it: its records cannot be delivered.
+- **An address in use** at bind time: held by another uid, refused at once (above); held by a
+  process of this user, waited for up to 10 s (a DataLoader worker of an earlier iteration of
+  the same epoch number, ``set_epoch()`` replays, still exiting), then a ``SourceError`` naming
+  its pid.
 """
 
 from __future__ import annotations
@@ -78,21 +111,21 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
-import pickle
 import selectors
 import socket
-import struct
-import sys
-import tempfile
 import threading
 import time
+import warnings
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
 from ..errors import SourceError, StreamioError, UsageError
+from ..formats import DEFAULT_MAX_RECORD_SIZE
 from ..pipeline.dataset import _INDEX_BITS, _EpochRun
 from ..sources import PipeChannel
+from . import _shared_wire as wire
+from ._local_ipc import listen, socket_name, stranger, user_key
 
 __all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "DEFAULT_CONNECT_TIMEOUT", "READ_AHEAD",
            "SharedStreamFeed", "dealer_address", "stream_address"]
@@ -110,15 +143,6 @@ READ_AHEAD = 4
 DEFAULT_CONNECT_TIMEOUT = 120.0
 _POLL_S = 0.2  # how often a waiting dealer looks at its deadlines and stop flag
 
-# Dealer -> client: kind, record count, payload bytes; a block's payload is the source name's
-# length (u32) and name, the record origins (i64 each), the record lengths (u64 each), the records.
-_HEADER = struct.Struct("<BxxxIQ")
-_BLOCK, _END, _ERROR = 1, 2, 3
-# Client -> dealer: hello (local rank, worker, the rank's num_workers, local world size), then one
-# byte per request, and a goodbye.
-_HELLO = struct.Struct("<IIII")
-_WANT, _BYE = b"W", b"B"
-
 #: Environment variables that tell one torchrun job from another on the same host (two jobs must
 #: not meet at one dealer; a restarted job must not meet a dealer its previous attempt left).
 _JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
@@ -126,13 +150,11 @@ _JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
 
 
 def dealer_address(token: str, epoch: int) -> Any:
-    """Where the dealer of ``epoch`` listens: a Linux abstract socket (no file to clean up,
-    gone with the process, so a crashed run leaves nothing stale), elsewhere a socket file in the
-    temp directory (a dealer removes a stale one before binding)."""
-    name = f"streamio-{token}-{epoch}"
-    if sys.platform.startswith("linux"):
-        return "\0" + name
-    return os.path.join(tempfile.gettempdir(), name + ".sock")
+    """Where the dealer of ``epoch`` of one rank's DataLoader workers listens: a name keyed by
+    ``token`` (the ``StreamDataset``'s secret, held by its process and workers only), so that
+    neither this epoch's name nor the next one's can be derived by anyone else
+    (:func:`~streamio.adapters._local_ipc.socket_name`)."""
+    return socket_name(token.encode("ascii"), "workers", f"epoch={epoch}")
 
 
 def _stream_key(source: Any) -> Optional[str]:
@@ -157,9 +179,10 @@ def _stream_key(source: Any) -> Optional[str]:
 
 def stream_address(sources: Sequence[Any], epoch: int) -> Any:
     """The dealer address every local rank of one job derives alike for ``sources`` in
-    ``epoch``: a hash of the sources' real paths, the epoch, the user and the torchrun job
-    (:data:`_JOB_VARIABLES`, where set). Raises ``UsageError`` for a source other processes
-    cannot name (stdin, a file object)."""
+    ``epoch``: the sources' real paths, the epoch, the user and the torchrun job
+    (:data:`_JOB_VARIABLES`, where set), keyed by the user's secret
+    (:func:`~streamio.adapters._local_ipc.user_key`), which no other user can read. Raises
+    ``UsageError`` for a source other processes cannot name (stdin, a file object)."""
     parts = [f"uid={os.getuid() if hasattr(os, 'getuid') else 0}", f"epoch={epoch}"]
     for source in sources:
         key = _stream_key(source)
@@ -171,8 +194,7 @@ def stream_address(sources: Sequence[Any], epoch: int) -> Any:
     for name in _JOB_VARIABLES:
         if name in os.environ:
             parts.append(f"{name}={os.environ[name]}")
-    digest = hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
-    return dealer_address("shared-" + digest[:32], epoch)
+    return socket_name(user_key(), "shared", *parts)
 
 
 def _who(local_rank: Optional[int], worker: Optional[int], local_world_size: int) -> str:
@@ -182,18 +204,20 @@ def _who(local_rank: Optional[int], worker: Optional[int], local_world_size: int
 
 
 class _Lost(Exception):
-    """A client's socket closed before its last block (internal)."""
+    """A client's socket closed, or it broke the protocol, after it got records (internal):
+    ``(local rank, worker, what happened)``."""
 
 
 class _Client:
-    __slots__ = ("sock", "local_rank", "worker", "inbox", "finished")
+    __slots__ = ("sock", "parser", "local_rank", "worker", "blocks", "finished")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.parser = wire.ClientParser()
         self.local_rank: Optional[int] = None
-        self.worker: Optional[int] = None  # None until its hello arrived
-        self.inbox = b""
-        self.finished = False  # got its END/ERROR, or said goodbye
+        self.worker: Optional[int] = None  # None until its hello was accepted
+        self.blocks = 0  # blocks sent to it
+        self.finished = False  # got its END/ERROR, said goodbye, or was dropped
 
 
 class _Dealer(threading.Thread):
@@ -210,24 +234,18 @@ class _Dealer(threading.Thread):
         self.connect_timeout = connect_timeout
         self.stop_now = threading.Event()
         self.failure: Optional[BaseException] = None  # what ended the epoch, if not its end
-        # local rank -> its num_workers (from its first hello), and the (rank, worker) greeted.
+        # local rank -> its num_workers (from its first accepted hello), the (rank, worker)
+        # greeted, and what happened to peers that were dropped (for the messages).
         self.workers_of: dict[int, int] = {}
         self.greeted: set = set()
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if isinstance(address, str) and not address.startswith("\0") and os.path.exists(address):
-            os.unlink(address)  # a socket file left by a process that died
-        self.address = address
-        try:
-            self.listener.bind(address)
-        except OSError as exc:
-            self.listener.close()
-            raise SourceError(
-                f"cannot serve the shared stream {_names(dataset)} (epoch {epoch}): its dealer"
-                f" address is in use ({exc.strerror}) - another process of this job, or of a"
-                " previous run that is still alive, is dealing it") from exc
-        self.listener.listen(64)
-        self.listener.setblocking(False)
+        self.notes: list[str] = []
+        self.strangers: set = set()  # uids refused (one warning each)
+        self.clients: list[_Client] = []
+        self.selector = selectors.DefaultSelector()
         self.stream_name = _names(dataset)
+        self.address = address
+        self.listener = listen(address, f"the shared stream {self.stream_name} (epoch {epoch})")
+        self.listener.setblocking(False)
 
     # -- the stream ---------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple]:
@@ -285,25 +303,25 @@ class _Dealer(threading.Thread):
 
     # -- serving ------------------------------------------------------------------------------
     def run(self) -> None:
-        clients: list[_Client] = []
         try:
-            self._serve(clients)
+            self._serve()
         except BaseException as exc:  # noqa: BLE001 - every client is told, then we stop
+            rank = worker = None  # the reader the error is about, if one
             if isinstance(exc, _Lost):
-                rank, worker = exc.args
+                rank, worker, what = exc.args
                 exc = SourceError(
-                    f"{_who(rank, worker, self.local_world_size)} left {self.stream_name} before"
-                    " the end of the epoch (it died or stopped early): the records it held"
-                    " cannot be delivered", source=self.stream_name)
+                    f"{_who(rank, worker, self.local_world_size)} {what} before the end of the"
+                    f" epoch of {self.stream_name}: the records it held cannot be delivered",
+                    source=self.stream_name)
             elif not isinstance(exc, StreamioError):
                 exc = SourceError(f"the dealer of {self.stream_name} failed: {exc!r}",
                                   source=self.stream_name)
             self.failure = exc
-            payload = _pickled(exc)
-            for client in clients:
-                if not client.finished:
+            message = wire.encode_error(exc, rank, worker)
+            for client in self.clients:
+                if client.worker is not None and not client.finished:
                     try:
-                        client.sock.sendall(_HEADER.pack(_ERROR, 0, len(payload)) + payload)
+                        client.sock.sendall(message)
                     except OSError:
                         pass
         finally:
@@ -313,8 +331,9 @@ class _Dealer(threading.Thread):
                     os.unlink(self.address)
                 except OSError:
                     pass
-            for client in clients:
+            for client in self.clients:
                 _close_quietly(client.sock)
+            self.selector.close()
 
     def _all_greeted(self) -> bool:
         if len(self.workers_of) < self.local_world_size:
@@ -330,11 +349,11 @@ class _Dealer(threading.Thread):
             absent = [w for w in range(self.workers_of[rank]) if (rank, w) not in self.greeted]
             if absent:
                 parts.append(f"local rank {rank} worker(s) {', '.join(map(str, absent))}")
-        return "; ".join(parts)
+        dropped = f" (dropped: {'; '.join(self.notes[-4:])})" if self.notes else ""
+        return "; ".join(parts) + dropped
 
-    def _serve(self, clients: list) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(self.listener, selectors.EVENT_READ)
+    def _serve(self) -> None:
+        self.selector.register(self.listener, selectors.EVENT_READ)
         deadline = time.monotonic() + self.connect_timeout
         blocks = self._blocks()
         ready: collections.deque = collections.deque()
@@ -344,7 +363,7 @@ class _Dealer(threading.Thread):
         try:
             while not self.stop_now.is_set():
                 everyone = self._all_greeted()
-                if exhausted and everyone and all(c.finished for c in clients
+                if exhausted and everyone and all(c.finished for c in self.clients
                                                   if c.worker is not None):
                     return
                 if not everyone and time.monotonic() > deadline:
@@ -355,9 +374,9 @@ class _Dealer(threading.Thread):
                         " or that reads another epoch or uses another num_workers",
                         source=self.stream_name)
                 reading = not exhausted and len(ready) < READ_AHEAD
-                for key, _ in selector.select(0 if reading else _POLL_S):
+                for key, _ in self.selector.select(0 if reading else _POLL_S):
                     if key.fileobj is self.listener:
-                        self._accept(selector, clients)
+                        self._accept()
                     else:
                         self._hear(key.data, waiting)
                 while waiting and ready:
@@ -372,7 +391,7 @@ class _Dealer(threading.Thread):
                         # never to wait on a socket, and a client whose rank is blocked in a
                         # collective may not ask until the others finish.
                         waiting.clear()
-                        for client in clients:
+                        for client in list(self.clients):  # (a client may be dropped)
                             if client.worker is not None and not client.finished:
                                 self._send_last(client, waiting)
                 if reading:
@@ -385,18 +404,40 @@ class _Dealer(threading.Thread):
                         exhausted = True
         finally:
             blocks.close()
-            selector.close()
 
-    def _accept(self, selector: selectors.BaseSelector, clients: list) -> None:
+    def _accept(self) -> None:
         while True:
             try:
                 sock, _ = self.listener.accept()
             except BlockingIOError:
                 return
+            other = stranger(sock)
+            if other is not None:
+                # Another user's process: not a reader of this job, whatever it would say.
+                sock.close()
+                if other[1] not in self.strangers:
+                    self.strangers.add(other[1])
+                    warnings.warn(f"the shared stream {self.stream_name} refused a connection"
+                                  f" from pid {other[0]} of uid {other[1]} (another user)",
+                                  RuntimeWarning, stacklevel=1)
+                continue
             sock.setblocking(True)
             client = _Client(sock)
-            clients.append(client)
-            selector.register(sock, selectors.EVENT_READ, client)
+            self.clients.append(client)
+            self.selector.register(sock, selectors.EVENT_READ, client)
+
+    def _drop(self, client: _Client, note: Optional[str] = None) -> None:
+        """Forget a client: one that is done, or one that held no records and left or broke
+        the protocol (``note`` says how), whose place is free again for the reader it claimed
+        to be."""
+        if note is not None:
+            self.notes.append(note)
+            if client.worker is not None:
+                self.greeted.discard((client.local_rank, client.worker))
+        client.finished = True
+        self.selector.unregister(client.sock)
+        self.clients.remove(client)
+        _close_quietly(client.sock)
 
     def _hear(self, client: _Client, waiting: collections.deque) -> None:
         try:
@@ -404,43 +445,64 @@ class _Dealer(threading.Thread):
         except OSError:
             data = b""
         if not data:
-            if not client.finished:
-                raise _Lost(client.local_rank, client.worker)
+            self._hung_up(client)
             return
         self._parse(client, data, waiting)
 
+    def _hung_up(self, client: _Client) -> None:
+        if client.finished or client.worker is None:
+            self._drop(client)  # done, or a connection that never said hello
+        elif client.blocks:
+            raise _Lost(client.local_rank, client.worker, "left (it died or stopped early)")
+        else:
+            who = _who(client.local_rank, client.worker, self.local_world_size)
+            self._drop(client, f"{who} hung up before its first block")
+
     def _parse(self, client: _Client, data: bytes, waiting: collections.deque) -> None:
-        inbox = client.inbox + data
-        if client.worker is None:
-            if len(inbox) < _HELLO.size:
-                client.inbox = inbox
-                return
-            rank, worker, num_workers, local_world = _HELLO.unpack_from(inbox)
-            inbox = inbox[_HELLO.size:]
-            self._greet(rank, worker, num_workers, local_world)
-            client.local_rank, client.worker = rank, worker
-        client.inbox = b""
-        for byte in inbox:
-            if byte == _WANT[0]:
+        try:
+            events = client.parser.feed(data)
+        except SourceError as exc:
+            if client.blocks:
+                raise _Lost(client.local_rank, client.worker,
+                            f"broke the protocol ({exc})") from None
+            self._drop(client, f"a client that broke the protocol ({exc})")
+            return
+        for event in events:
+            if isinstance(event, wire.Hello):
+                refused = self._greet(event)
+                if refused is not None:
+                    self.notes.append(refused)
+                    try:
+                        client.sock.sendall(wire.encode_error(SourceError(
+                            f"{refused}: refused by the dealer of {self.stream_name}",
+                            source=self.stream_name), event[0], event[1]))
+                    except OSError:
+                        pass
+                    self._drop(client)
+                    return
+                client.local_rank, client.worker = event.who
+            elif event == "want":
                 waiting.append(client)
-            elif byte == _BYE[0]:
+            else:
                 client.finished = True
 
-    def _greet(self, rank: int, worker: int, num_workers: int, local_world: int) -> None:
-        """Check a hello against what the other clients said (the same layout everywhere)."""
+    def _greet(self, hello: wire.Hello) -> Optional[str]:
+        """None if ``hello`` fits the readers already connected (the same layout everywhere,
+        a place not taken), else why not."""
+        rank, worker, num_workers, local_world = hello
+        who = f"{_who(rank, worker, local_world)} (of {num_workers})"
         if local_world != self.local_world_size:
-            raise SourceError(f"local rank {rank} says the host has {local_world} local ranks,"
-                              f" local rank 0 says {self.local_world_size}: every rank must"
-                              f" agree (LOCAL_WORLD_SIZE / to_torch(local_world_size=...))",
-                              source=self.stream_name)
-        known = self.workers_of.setdefault(rank, num_workers)
-        if known != num_workers or rank >= local_world or worker >= num_workers \
-                or (rank, worker) in self.greeted:
-            raise SourceError(f"{_who(rank, worker, local_world)} (of {num_workers}) does not fit"
-                              f" the readers already connected to {self.stream_name}: two jobs"
-                              " sharing one stream, or ranks that disagree on num_workers",
-                              source=self.stream_name)
-        self.greeted.add((rank, worker))
+            return (f"{who} says the host has {local_world} local ranks, local rank 0 says"
+                    f" {self.local_world_size}: every rank must agree (LOCAL_WORLD_SIZE /"
+                    " to_torch(local_world_size=...))")
+        if self.workers_of.get(rank, num_workers) != num_workers:
+            return (f"{who} does not fit the readers already connected: ranks that disagree on"
+                    " num_workers")
+        if hello.who in self.greeted:
+            return f"{who} is already connected: a second reader claiming its place"
+        self.workers_of[rank] = num_workers
+        self.greeted.add(hello.who)
+        return None
 
     def _send(self, client: _Client, message: bytes, waiting: collections.deque) -> None:
         try:
@@ -450,21 +512,18 @@ class _Dealer(threading.Thread):
             try:
                 client.sock.setblocking(False)
                 self._parse(client, client.sock.recv(4096), waiting)
-            except OSError:
+            except (OSError, _Lost):
                 pass
             if not client.finished:
-                raise _Lost(client.local_rank, client.worker) from None
+                raise _Lost(client.local_rank, client.worker,
+                            "left (it died or stopped early)") from None
 
     def _send_block(self, client: _Client, block: tuple, waiting: collections.deque) -> None:
-        name, ids, records = block
-        encoded = name.encode("utf-8", "replace")
-        lengths = np.fromiter(map(len, records), np.uint64, len(records)).tobytes()
-        payload = b"".join([struct.pack("<I", len(encoded)), encoded,
-                            ids.astype(np.int64, copy=False).tobytes(), lengths, *records])
-        self._send(client, _HEADER.pack(_BLOCK, len(records), len(payload)) + payload, waiting)
+        client.blocks += 1  # from now on its records may be lost with it
+        self._send(client, wire.encode_block(*block), waiting)
 
     def _send_last(self, client: _Client, waiting: collections.deque) -> None:
-        self._send(client, _HEADER.pack(_END, 0, 0), waiting)
+        self._send(client, wire.encode_end(), waiting)
         client.finished = True
 
 
@@ -489,13 +548,6 @@ def _close_quietly(sock: socket.socket) -> None:
     sock.close()
 
 
-def _pickled(exc: BaseException) -> bytes:
-    try:
-        return pickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - an exception that does not pickle is described
-        return pickle.dumps(SourceError(f"{type(exc).__name__}: {exc}"))
-
-
 def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
     buf = bytearray(n)
     view = memoryview(buf)
@@ -512,12 +564,13 @@ def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
 
 
 def _connect(address: Any, timeout: float, dealer: str) -> socket.socket:
+    """A socket connected to the dealer, whose process runs as this user (another user's
+    process at the address is refused at once: it took the name, it is not our dealer)."""
     deadline = time.monotonic() + timeout
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(address)
-            return sock
         except (FileNotFoundError, ConnectionRefusedError):
             sock.close()
             if time.monotonic() > deadline:
@@ -525,6 +578,15 @@ def _connect(address: Any, timeout: float, dealer: str) -> socket.socket:
                                   f" stream ({dealer}) within {timeout:g} s: it did not start,"
                                   " or it already stopped") from None
             time.sleep(0.01)  # the dealer has not bound its socket yet
+            continue
+        other = stranger(sock)
+        if other is not None:
+            sock.close()
+            raise SourceError(
+                f"refused the process listening at the shared stream's address (pid {other[0]}"
+                f" of uid {other[1]}, another user): it is not {dealer} of this job, and no"
+                " record is read from it")
+        return sock
 
 
 class _ParentWatch:
@@ -588,6 +650,11 @@ class SharedStreamFeed:
         self.connect_timeout = connect_timeout
         self.dealer_name = ("worker 0" if local_world_size <= 1
                             else "worker 0 of local rank 0")
+        # The largest block the dealer can send: cut at BLOCK_BYTES, so at most one record of
+        # max_record_size past it, plus the source name and the records' origins and lengths.
+        limit = getattr(dataset, "reader_options", {}).get("max_record_size",
+                                                           DEFAULT_MAX_RECORD_SIZE)
+        self.max_payload = BLOCK_BYTES + int(limit) + 16 * BLOCK_RECORDS + (64 << 10)
 
     def __call__(self, run: Any) -> Iterator[tuple]:
         dealer = None
@@ -601,8 +668,11 @@ class SharedStreamFeed:
         try:
             sock = _connect(self.address, self.connect_timeout, self.dealer_name)
             watch = _ParentWatch(sock)
-            sock.sendall(_HELLO.pack(self.local_rank, self.worker, self.num_workers,
-                                     self.local_world_size))
+            try:
+                sock.sendall(wire.encode_hello(self.local_rank, self.worker, self.num_workers,
+                                               self.local_world_size))
+            except OSError:
+                pass  # the dealer is gone already: the read below says so
             while True:
                 # Ask only when about to read: a block asked for ahead could be larger than the
                 # socket's buffer, and the dealer would block sending it to a worker that the
@@ -610,7 +680,7 @@ class SharedStreamFeed:
                 # waits on the dealer (a deadlock this once had). The dealer's read-ahead keeps
                 # the answer quick.
                 try:
-                    sock.sendall(_WANT)
+                    sock.sendall(wire.WANT)
                 except OSError:
                     pass  # the dealer is gone (or done and has pushed our END): read says so
                 block = self._receive(sock)
@@ -626,7 +696,7 @@ class SharedStreamFeed:
             if sock is not None:
                 if not ended:
                     try:
-                        sock.sendall(_BYE)
+                        sock.sendall(wire.BYE)
                     except OSError:
                         pass
                 sock.close()
@@ -640,30 +710,24 @@ class SharedStreamFeed:
             raise dealer.failure
 
     def _receive(self, sock: socket.socket) -> Optional[tuple]:
-        header = _recv_exact(sock, _HEADER.size)
+        header = _recv_exact(sock, wire.HEADER.size)
         if header is None:
             raise SourceError(f"the DataLoader worker that reads the shared stream"
                               f" ({self.dealer_name}) stopped before the end of the epoch (it"
                               " died, or its loop ended early)")
-        kind, count, size = _HEADER.unpack(header)
+        try:
+            kind, count, size = wire.parse_header(header, BLOCK_RECORDS, self.max_payload)
+        except SourceError as exc:
+            raise SourceError(f"{self.dealer_name}, which reads the shared stream, sent {exc}")
         payload = _recv_exact(sock, size) if size else bytearray()
         if payload is None:
             raise SourceError(f"the DataLoader worker that reads the shared stream"
                               f" ({self.dealer_name}) stopped in the middle of a block")
-        if kind == _END:
+        if kind == wire.END:
             return None
-        if kind == _ERROR:
-            raise pickle.loads(payload)
-        view = memoryview(payload)
-        (name_len,) = struct.unpack_from("<I", view)
-        name = bytes(view[4:4 + name_len]).decode("utf-8")
-        pos = 4 + name_len
-        ids = np.frombuffer(view[pos:pos + 8 * count], np.int64).copy()
-        pos += 8 * count
-        lengths = np.frombuffer(view[pos:pos + 8 * count], np.uint64).tolist()
-        pos += 8 * count
-        records = []
-        for length in lengths:
-            records.append(bytes(view[pos:pos + length]))
-            pos += length
-        return name, ids, records
+        if kind == wire.ERROR:
+            raise wire.parse_error(payload)
+        try:
+            return wire.parse_block(count, payload)
+        except SourceError as exc:
+            raise SourceError(f"{self.dealer_name}, which reads the shared stream, sent {exc}")

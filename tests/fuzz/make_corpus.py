@@ -382,6 +382,28 @@ def parse_index_seeds(rng: random.Random) -> List[bytes]:
                             _flip(text, rng), text[::-1], text + b"1" * 30 + b" 1\n"):
                 out.append(T.encode_parse_index(variant, size=at))
     return out
+def shared_wire_seeds(rng: random.Random) -> List[bytes]:
+    """Both directions of the shared stream: hellos, requests and goodbyes; blocks, an END and
+    errors as the dealer writes them (one with a pickle where JSON belongs)."""
+    import numpy as np
+    from streamio.adapters import _shared_wire as W
+    from streamio.errors import CorruptRecordError, SourceError
+
+    hello = W.encode_hello(1, 0, 2, 2)
+    seeds = [T.encode_shared_wire(hello + b"WWB", to_dealer=True, seed=i) for i in range(3)]
+    seeds.append(T.encode_shared_wire(b"GET / HTTP/1.0\r\n", to_dealer=True))
+    seeds.append(T.encode_shared_wire(b"sio\x01" + bytes(16), to_dealer=True))
+    for records in _some_records(rng)[2:6]:
+        records = records[:64] or [b""]
+        ids = np.arange(len(records), dtype=np.int64) + rng.randrange(1 << 40)
+        block = W.encode_block("train_0", ids, records)
+        seeds.append(T.encode_shared_wire(block + W.encode_end()))
+    error = CorruptRecordError("bad crc", source="a.fifo", offset=12, record_index=3)
+    seeds.append(T.encode_shared_wire(W.encode_error(error, 1, 0)))
+    seeds.append(T.encode_shared_wire(W.encode_error(SourceError("gone", source="b"))))
+    evil = b"cos\nsystem\n(S'id'\ntR."
+    seeds.append(T.encode_shared_wire(W.HEADER.pack(W.ERROR, 0, len(evil)) + evil))
+    return seeds
 
 
 SEEDS = {
@@ -397,6 +419,7 @@ SEEDS = {
     "find_sync": find_sync_seeds,
     "resample": resample_seeds,
     "parse_index": parse_index_seeds,
+    "shared_wire": shared_wire_seeds,
 }
 
 

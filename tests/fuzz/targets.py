@@ -12,7 +12,9 @@ Every target has an ``encode`` that builds an input from readable arguments, so 
 seed's payload bytes stays a mutation of the stream. Input layouts are in each decoder.
 
 To add a kernel: write ``run`` and ``encode``, add a ``Target`` to ``TARGETS`` naming the kernel,
-and seeds in ``make_corpus.py``. ``tests/test_fuzz_harness.py`` fails while a public function of
+and seeds in ``make_corpus.py``. A parser of untrusted bytes written in Python only (a wire
+protocol) is a ``Target`` with no kernels: ``run`` ignores ``ck`` and checks the parser's own
+rules, and ``fuzz.py`` always instruments its modules for coverage. ``tests/test_fuzz_harness.py`` fails while a public function of
 ``streamio._speedups`` has no target.
 """
 
@@ -624,6 +626,76 @@ def run_parse_index(ck: ModuleType, data: bytes) -> None:
     expect_equal("offsets read again", again.offsets, index.offsets)
     expect_equal("lengths read again", again.lengths if index.offsets else None,
                  index.lengths if index.offsets else None)
+# --- pure-Python parsers of hostile bytes: the shared stream's wire protocol --------------------
+
+def encode_shared_wire(stream: bytes, *, to_dealer: bool = False, seed: int = 0) -> bytes:
+    """Input: u8 flags (bit 0: ``stream`` is what a client sends the dealer, else what the dealer
+    sends a client), u8 cut seed (the dealer's view is fed in pieces), then the bytes."""
+    return bytes([int(to_dealer), seed & 0xFF]) + stream
+
+
+def _dealer_view(data: bytes, cuts: List[int]) -> tuple:
+    """A dealer's events from one client's bytes fed in pieces: (events, refused)."""
+    from streamio.adapters._shared_wire import ClientParser
+    from streamio.errors import SourceError
+
+    parser, events, start = ClientParser(), [], 0
+    try:
+        for end in cuts + [len(data)]:
+            events.extend(parser.feed(data[start:end]))
+            start = end
+    except SourceError:
+        return events, True
+    return events, False
+
+
+def _client_view(data: bytes) -> None:
+    """A client reading the dealer's messages: each parses, or is a SourceError; a block that
+    parses re-encodes to the same bytes (nothing is guessed), an error is a streamio error."""
+    from streamio.adapters import _shared_wire as wire
+    from streamio.errors import SourceError, StreamioError
+
+    pos = 0
+    while pos + wire.HEADER.size <= len(data):
+        try:
+            kind, count, size = wire.parse_header(data[pos:pos + wire.HEADER.size], 64, 1 << 20)
+        except SourceError:
+            return
+        payload = data[pos + wire.HEADER.size:pos + wire.HEADER.size + size]
+        if len(payload) < size:
+            return  # cut short: the socket layer reports that
+        if kind == wire.ERROR:
+            if not isinstance(wire.parse_error(payload), StreamioError):
+                raise Mismatch(f"an ERROR became a foreign exception: {payload!r:.300}")
+        elif kind == wire.BLOCK:
+            try:
+                name, ids, records = wire.parse_block(count, payload)
+            except SourceError:
+                return
+            name_len = struct.unpack_from("<I", payload)[0]
+            raw_name = bytes(payload[4:4 + name_len])
+            if raw_name == name.encode("utf-8", "replace"):  # valid UTF-8: exact round trip
+                again = wire.encode_block(name, ids, records)
+                expect_equal("re-encoded block", again, data[pos:pos + wire.HEADER.size + size])
+        pos += wire.HEADER.size + size
+
+
+def run_shared_wire(ck: ModuleType, data: bytes) -> None:
+    """The shared stream's wire parsers on hostile bytes (no kernel: ``ck`` is unused). The
+    dealer's view must not depend on how the bytes were cut (same events, or refused both
+    ways); the client's view must give records, an END or a streamio error, never another
+    exception."""
+    inp = Input(data)
+    flags, seed = inp.byte(), inp.byte()
+    stream = inp.rest()
+    if flags & 1:
+        whole = _dealer_view(stream, [])
+        cut = _dealer_view(stream, _cuts(seed, len(stream)))
+        expect_equal("refused", cut[1], whole[1])
+        if not whole[1]:
+            expect_equal("events", cut[0], whole[0])
+    else:
+        _client_view(stream)
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -639,7 +711,8 @@ class Target:
     references: Tuple[str, ...]
 
     def available(self, ck: ModuleType) -> bool:
-        """Whether the build has the first kernel (a target for a kernel yet to come is skipped)."""
+        """Whether the build has the first kernel (a target for a kernel yet to come is skipped);
+        a target without kernels (a pure-Python parser) always runs."""
         return not self.kernels or hasattr(ck, self.kernels[0])
 
     def one_input(self, ck: ModuleType) -> Callable[[bytes], None]:
@@ -668,6 +741,8 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
                            "streamio.formats.recordio", "streamio.formats._recordio_sync")),
     Target("resample", ("resample",), run_resample, ("streamio.decoders._resample",)),
     Target("parse_index", (), run_parse_index, ("streamio.formats.index_file",)),
+    # No kernel: a parser of bytes another process writes (always instrumented for coverage).
+    Target("shared_wire", (), run_shared_wire, ("streamio.adapters._shared_wire",)),
 ]}
 
 
