@@ -235,6 +235,7 @@ def test_a_reader_that_leaves_holding_records_ends_the_epoch_with_its_name(tmp_p
 # -- names and the key --------------------------------------------------------------------------
 def test_names_need_the_secret_and_the_key_lives_in_a_private_directory(tmp_path, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(_local_ipc, "home_dir", lambda uid: None)  # no home: the temp dir
     for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     path = str(tmp_path / "pipe")
@@ -260,13 +261,33 @@ def test_names_need_the_secret_and_the_key_lives_in_a_private_directory(tmp_path
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
 def test_a_private_directory_made_by_another_user_is_refused(tmp_path, monkeypatch):
-    """Another user who made ``<tempdir>/streamio-<uid>`` first would know the key: refused with
-    a SourceError naming the owner."""
+    """Another user who made ``<tempdir>/streamio-<uid>`` first would know the key: a user with a
+    home of its own keeps the key there; without one, the squatted directory is refused with a
+    SourceError naming the owner."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
     _local_ipc._keys.clear()
     squat = tmp_path / f"streamio-{os.getuid()}"
     squat.mkdir(mode=0o700)
     os.chown(squat, 65534, 65534)
+    # With a home of its own, the user's key lives there and the squatted directory is moot.
+    monkeypatch.setattr(_local_ipc, "home_dir", lambda uid: str(home))
+    first = stream_address([str(tmp_path / "pipe")], 0)
+    key = home / ".cache" / "streamio" / "shared-stream.key"
+    assert key.stat().st_mode & 0o777 == 0o600 and key.stat().st_uid == os.getuid()
+    assert oct(key.parent.stat().st_mode & 0o777) == oct(0o700)
+    # A home that another user could write is passed over for the temp dir (squatted: refused).
+    _local_ipc._keys.clear()
+    home.chmod(0o777)
+    with pytest.raises(streamio.SourceError, match="owner uid 65534"):
+        stream_address([str(tmp_path / "pipe")], 0)
+    home.chmod(0o755)
+    _local_ipc._keys.clear()
+    assert stream_address([str(tmp_path / "pipe")], 0) == first  # the same key again
+    # Without a home: the squatted temp dir is refused, naming its owner, never used.
+    monkeypatch.setattr(_local_ipc, "home_dir", lambda uid: None)
+    _local_ipc._keys.clear()
     with pytest.raises(streamio.SourceError, match="owner uid 65534"):
         stream_address([str(tmp_path / "pipe")], 0)
     os.chown(squat, os.getuid(), os.getgid())

@@ -6,11 +6,15 @@ Three things keep another user of the host out of the shared stream (see
 - **Names others cannot compute.** A socket's name is an HMAC-SHA256 of public facts (the stream,
   the epoch, the job) keyed by a secret: the ``StreamDataset``'s random token, which only its own
   process and DataLoader workers hold, or for local ranks (separate processes that share nothing
-  else) the **user key**: 32 random bytes in ``<tempdir>/streamio-<uid>/shared-stream.key``, a
-  directory of mode 0700 owned by the user, the file mode 0600. The first process that needs it
-  writes it (``mkstemp`` in that directory, then ``link``, which fails if another got there
-  first: no reader ever sees half a key). A directory or key that is not the user's own (another
-  user made it first) is refused with a ``SourceError``, never used.
+  else) the **user key**: 32 random bytes in ``shared-stream.key`` in the user's private
+  directory: ``~/.cache/streamio`` (the home directory from the password database, not from
+  ``$HOME``, so that every rank finds the same one), or ``<tempdir>/streamio-<uid>`` where the
+  home is missing, read-only or not the user's own. The directory has mode 0700 and is owned by
+  the user, the file mode 0600. The first process that needs it writes it (``mkstemp`` in that
+  directory, then ``link``, which fails if another got there first: no reader ever sees half a
+  key). A directory or key that is not the user's own is never used: under the home it is passed
+  over for the temporary directory; in the temporary directory (where another user can make
+  ``streamio-<uid>`` first, to deny service) it is refused with a ``SourceError`` that says so.
 - **Peer credentials on both ends** (``SO_PEERCRED``): the dealer closes a connection from a
   process of another uid at once; a reader that finds a listener of another uid at its address
   refuses it and says so.
@@ -53,25 +57,70 @@ def _uid() -> int:
     return os.geteuid() if hasattr(os, "geteuid") else 0
 
 
-def private_dir() -> str:
-    """``<tempdir>/streamio-<uid>``, created with mode 0700; refused unless it is a directory
-    (not a link) of this user that no other user can enter."""
-    uid = _uid()
-    path = os.path.join(tempfile.gettempdir(), f"streamio-{uid}")
+def home_dir(uid: int) -> Optional[str]:
+    """The home directory of ``uid`` from the password database (None where it has no entry)."""
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_dir or None
+    except (ImportError, KeyError):
+        return None
+
+
+def _owned_private(path: str, uid: int, *, mode_mask: int) -> Optional[str]:
+    """Why ``path`` is not a directory (not a link) of ``uid`` free of the ``mode_mask`` bits;
+    None when it is."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & mode_mask:
+        return (f"it is not a private directory of uid {uid} (owner uid {st.st_uid}, mode"
+                f" {stat.filemode(st.st_mode)})")
+    return None
+
+
+def _make_private(path: str, uid: int) -> Optional[str]:
+    """Create ``path`` (mode 0700) unless it exists; why it cannot serve, or None."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise SourceError(f"cannot create the private directory {path} for the shared stream's"
-                          f" key: {exc.strerror}") from exc
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        return f"cannot create it: {exc.strerror}"
+    return _owned_private(path, uid, mode_mask=0o077)
+
+
+def _home_private_dir(uid: int) -> Optional[str]:
+    """``~/.cache/streamio`` when the home and ``.cache`` are this user's and no one else can
+    write them (else another user could swap what lies below); None otherwise."""
+    home = home_dir(uid)
+    if not home or not os.path.isabs(home):
+        return None
+    try:
+        if _owned_private(home, uid, mode_mask=0o022) is not None:
+            return None
+        cache = os.path.join(home, ".cache")
+        if _make_private(cache, uid) is not None and \
+                _owned_private(cache, uid, mode_mask=0o022) is not None:
+            return None
+        path = os.path.join(cache, "streamio")
+        return path if _make_private(path, uid) is None else None
+    except OSError:
+        return None
+
+
+def private_dir() -> str:
+    """This user's private directory for the key: ``~/.cache/streamio`` where the home allows,
+    else ``<tempdir>/streamio-<uid>``, created with mode 0700; the latter is refused unless it
+    is a directory (not a link) of this user that no other user can enter."""
+    uid = _uid()
+    path = _home_private_dir(uid)
+    if path is not None:
+        return path
+    path = os.path.join(tempfile.gettempdir(), f"streamio-{uid}")
+    why = _make_private(path, uid)
+    if why is not None:
         raise SourceError(
-            f"refusing {path} for the shared stream's key: it is not a private directory of uid"
-            f" {uid} (owner uid {st.st_uid}, mode {stat.filemode(st.st_mode)}); another user"
-            " may have made it to learn the names of this job's sockets. Remove it, or point"
-            " TMPDIR at a directory of your own")
+            f"refusing {path} for the shared stream's key: {why}; another user may have made it"
+            " to learn or block the names of this job's sockets. Remove it, or point TMPDIR at a"
+            " directory of your own (or give this user a writable home directory)")
     return path
 
 

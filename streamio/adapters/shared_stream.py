@@ -90,7 +90,8 @@ private directory below, for example), never make it silently short. How:
 - **Names nobody else can compute**: an HMAC of the stream, the epoch and the job, keyed by a
   secret. One rank's workers use the ``StreamDataset``'s random token (in memory only, inherited
   by its workers); local ranks, which share nothing else, use the user's key: 32 random bytes in
-  ``<tempdir>/streamio-<uid>/shared-stream.key`` (directory 0700, file 0600, made once with
+  ``~/.cache/streamio/shared-stream.key``, or ``<tempdir>/streamio-<uid>/`` without a home of
+  the user's own (directory 0700, file 0600, made once with
   ``mkstemp`` + ``link``; a directory or key another user could have made or read is refused).
   The ``torch.distributed`` store is not used for it: it answers anyone who reaches its port.
   See :mod:`._local_ipc`.

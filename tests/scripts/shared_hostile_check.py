@@ -89,7 +89,8 @@ def main(workdir, hostile_python):
     for name in ("inject.txt", "plant"):
         os.chmod(os.path.join(pub, name), 0o644)
     prefix, solo = os.path.join(workdir, "train"), os.path.join(workdir, "solo")
-    key = os.path.join(tempfile.gettempdir(), f"streamio-{os.getuid()}", "shared-stream.key")
+    from streamio.adapters import _local_ipc
+    key = os.path.join(_local_ipc.private_dir(), _local_ipc.KEY_NAME)
     procs = []
     try:
         hostile = subprocess.Popen(
