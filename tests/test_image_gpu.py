@@ -288,3 +288,14 @@ def test_gpu_decode_in_a_dataloader_worker_is_a_usage_error(tmp_path):
     loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=1)
     with pytest.raises(UsageError, match="num_workers=0"):
         list(loader)
+
+
+def test_torch_path_reads_headers_with_pillow_when_simplejpeg_is_missing(monkeypatch):
+    from streamio.decoders import image as image_module
+
+    monkeypatch.setattr(image_module._Codecs.load(), "simplejpeg", None)
+    values = [JPEGS[0], corrupt(JPEGS[1]), b"\xff\xd8junk", JPEGS[3]]
+    got, keep = on_cpu(Image(size=48, on_error="skip"), values)
+    assert keep.tolist() == [True, False, False, True]
+    want = Image(size=48, dct_scaling=False).decode_batch([JPEGS[0], JPEGS[3]])["image"]
+    assert diff(got, want).max() <= 2

@@ -31,7 +31,6 @@ use ``DataLoader(num_workers=0)`` (reading a FIFO is one thread's work; decoding
 
 from __future__ import annotations
 
-import io
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -122,10 +121,14 @@ def _jpeg_header(codecs: Any, data: bytes) -> Optional[Tuple[int, int]]:
         except (ValueError, RuntimeError, TypeError) as exc:
             raise _BadImage(str(exc) or type(exc).__name__) from None
         return (width, height) if colorspace in ("RGB", "YCbCr", "Gray") else None
-    try:  # Pillow reads only the header here
-        im = codecs.pil.open(io.BytesIO(data))
+    parser = codecs.parser()  # Pillow's incremental parser: it reads the header first
+    try:
+        parser.feed(data)
     except (OSError, ValueError, SyntaxError) as exc:
         raise _BadImage(str(exc) or type(exc).__name__) from None
+    im = parser.image
+    if im is None:
+        raise _BadImage("no JPEG header")
     return im.size if im.mode in ("RGB", "L") else None
 
 
@@ -209,11 +212,13 @@ def _decode_all(image: Any, jpegs: Dict[int, Tuple[bytes, Tuple[int, int]]], dev
 
 def _checked(decoded: Dict[int, Any], jpegs: Dict[int, Tuple[bytes, Tuple[int, int]]]
              ) -> Dict[int, Any]:
-    """The decoder's images, each the size its header said (else a ValueError)."""
+    """The decoder's images, each the size its header said (else a RuntimeError, as the
+    decoder's own)."""
     for row, tensor in decoded.items():
         width, height = jpegs[row][1]
         if tuple(tensor.shape[1:]) != (height, width):
-            raise ValueError(f"decoded {tuple(tensor.shape[1:])}, header says {(height, width)}")
+            raise RuntimeError(f"decoded {tuple(tensor.shape[1:])}, header says"
+                               f" {(height, width)}")
     return decoded
 
 
