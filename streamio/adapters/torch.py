@@ -870,7 +870,7 @@ class DevicePrefetcher:
         self.group = group
         self.wait_s = 0.0
         self.batches_yielded = 0
-        self._state: Optional[dict] = None
+        self._state: Any = None  # the loader's state_dict() after the last batch yielded
 
     def state_dict(self) -> dict:
         """The loader's ``state_dict()`` as of the last batch this iterator yielded (the
@@ -878,6 +878,8 @@ class DevicePrefetcher:
         if not callable(getattr(self.batches, "state_dict", None)):
             raise UsageError(f"{type(self.batches).__name__} has no state_dict(): resume needs a"
                              " StatefulDataLoader (torchdata) or a StreamDataset")
+        if isinstance(self._state, BaseException):
+            raise self._state
         return self._state if self._state is not None else self.batches.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
@@ -886,6 +888,14 @@ class DevicePrefetcher:
             raise UsageError(f"{type(self.batches).__name__} has no load_state_dict()")
         self.batches.load_state_dict(state)
         self._state = None
+
+    def _loader_state(self) -> Any:
+        """The loader's state now, or the exception that getting it raised (kept for
+        :meth:`state_dict` to raise: iterating must not fail for a resume nobody asked for)."""
+        try:
+            return self.batches.state_dict()
+        except Exception as exc:  # noqa: BLE001 - re-raised by state_dict(), if it is called
+            return exc
 
     def _source(self) -> Iterator[tuple]:
         """``(batch, the loader's state right after it)`` pairs (state None without one)."""
@@ -901,7 +911,7 @@ class DevicePrefetcher:
                     return
                 finally:
                     self.wait_s += clock() - t0
-                yield batch, (self.batches.state_dict() if stateful else None)
+                yield batch, (self._loader_state() if stateful else None)
         finally:
             iterator.close()
 
