@@ -104,9 +104,12 @@ def decode_rates(jpegs: Sequence[bytes], *, device: Optional[str], batch: int = 
     batches = [list(jpegs[i:i + batch]) for i in range(0, len(jpegs), batch)]
     cpu = Image(resize=resize, crop=crop)
 
+    # Enough pieces for every thread to stay busy (the batches alone may be fewer).
+    pieces = [list(jpegs[i::4 * threads]) for i in range(4 * threads)]
+
     def cpu_run() -> None:
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            list(pool.map(cpu.decode_batch, batches))
+            list(pool.map(cpu.decode_batch, pieces))
 
     t0 = time.perf_counter()
     cpu_run()
@@ -156,6 +159,7 @@ def scaling(info: dict, decoders: Sequence[int], rounds: int, tmpdir: str,
         with open(path, "rb") as f:
             jpegs.append(f.read())
     n = info["images"]
+    bench_images.warm_up(info)  # the forkserver behind map(backend="process"), torch's import
     for count in decoders:
         if deadline is not None and time.monotonic() > deadline:
             return
