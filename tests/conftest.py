@@ -20,6 +20,12 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 sys.path.insert(0, str(ROOT))  # `from fixtures.make_fixtures import payloads`
 
 
+def pytest_configure(config):
+    # `pytest -m cuda` runs only the GPU tests (benchmarks/device_check.sh); without CUDA they
+    # skip, saying so.
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one)")
+
+
 def peer(relpath: str) -> str:
     path = PEER / relpath
     if not path.exists():

@@ -366,6 +366,7 @@ def test_to_device_checks_its_arguments():
             to_device([], "cuda")
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_to_device_cuda_overlaps_copies_and_keeps_values(parts):
     ds = Dataset(parts, "tfrecord", decoder=DECODER).batch(16)
@@ -382,6 +383,7 @@ def test_to_device_cuda_overlaps_copies_and_keeps_values(parts):
             assert torch.equal(a["x"], b["x"]) and torch.equal(a["id"], b["id"])
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_to_device_cuda_moves_sparse_and_leaves_lists():
     dense = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
@@ -392,6 +394,7 @@ def test_to_device_cuda_moves_sparse_and_leaves_lists():
     assert moved["names"] == [b"a", b"b"]
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_pin_memory_pins_with_cuda(parts):
     batch = next(iter(Dataset(parts, "tfrecord", decoder=DECODER).batch(50)

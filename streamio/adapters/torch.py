@@ -841,6 +841,11 @@ class DevicePrefetcher:
 
     ``wait_s`` is the time spent waiting for the loader to hand over a batch (data starvation);
     ``batches`` counts the batches yielded.
+
+    Resume: the prefetcher takes up to ``depth`` batches from the loader ahead of the one it
+    hands over, so a ``StatefulDataLoader``'s own ``state_dict()`` would skip those on resume.
+    :meth:`state_dict` is the loader's state as of the last batch yielded: save that, and give it
+    to the new loader's ``load_state_dict`` (or this object's :meth:`load_state_dict`).
     """
 
     def __init__(self, batches: Iterable[Any], device: Any, depth: int = DEFAULT_DEPTH, *,
@@ -865,10 +870,38 @@ class DevicePrefetcher:
         self.group = group
         self.wait_s = 0.0
         self.batches_yielded = 0
+        self._state: Any = None  # the loader's state_dict() after the last batch yielded
 
-    def _source(self) -> Iterator[Any]:
+    def state_dict(self) -> dict:
+        """The loader's ``state_dict()`` as of the last batch this iterator yielded (the
+        loader's current one before the first)."""
+        if not callable(getattr(self.batches, "state_dict", None)):
+            raise UsageError(f"{type(self.batches).__name__} has no state_dict(): resume needs a"
+                             " StatefulDataLoader (torchdata) or a StreamDataset")
+        if isinstance(self._state, BaseException):
+            raise self._state
+        return self._state if self._state is not None else self.batches.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Give ``state`` (from :meth:`state_dict`) to the loader, before iterating."""
+        if not callable(getattr(self.batches, "load_state_dict", None)):
+            raise UsageError(f"{type(self.batches).__name__} has no load_state_dict()")
+        self.batches.load_state_dict(state)
+        self._state = None
+
+    def _loader_state(self) -> Any:
+        """The loader's state now, or the exception that getting it raised (kept for
+        :meth:`state_dict` to raise: iterating must not fail for a resume nobody asked for)."""
+        try:
+            return self.batches.state_dict()
+        except Exception as exc:  # noqa: BLE001 - re-raised by state_dict(), if it is called
+            return exc
+
+    def _source(self) -> Iterator[tuple]:
+        """``(batch, the loader's state right after it)`` pairs (state None without one)."""
         clock = time.perf_counter
         iterator = iter(even_batches(self.batches, self.even_batches, group=self.group))
+        stateful = callable(getattr(self.batches, "state_dict", None))
         try:
             while True:
                 t0 = clock()
@@ -878,7 +911,7 @@ class DevicePrefetcher:
                     return
                 finally:
                     self.wait_s += clock() - t0
-                yield batch
+                yield batch, (self._loader_state() if stateful else None)
         finally:
             iterator.close()
 
@@ -887,11 +920,13 @@ class DevicePrefetcher:
             return self._cuda()
         if self.device.type == "cpu":
             return self._counted(self._source())
-        return self._counted(_move(b, self.device, False) for b in self._source())
+        return self._counted((_move(b, self.device, False), state)
+                             for b, state in self._source())
 
-    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        for batch in batches:
+    def _counted(self, batches: Iterator[tuple]) -> Iterator[Any]:
+        for batch, state in batches:
             self.batches_yielded += 1
+            self._state = state
             yield batch
 
     def _cuda(self) -> Iterator[Any]:
@@ -902,14 +937,14 @@ class DevicePrefetcher:
 
         def launch() -> bool:
             try:
-                batch = next(source)
+                batch, state = next(source)
             except StopIteration:
                 return False
             with torch.cuda.stream(copy_stream):
                 moved = _move(batch, device, True)
                 done = torch.cuda.Event()
                 done.record(copy_stream)
-            in_flight.append((moved, done))
+            in_flight.append((moved, done, state))
             return True
 
         try:
@@ -920,12 +955,13 @@ class DevicePrefetcher:
                 if not launch():
                     break
             while in_flight:
-                moved, done = in_flight.popleft()
+                moved, done, state = in_flight.popleft()
                 compute = torch.cuda.current_stream(device)
                 compute.wait_event(done)
                 _record_stream(moved, compute)
                 launch()  # queue the next copy before handing this batch to compute
                 self.batches_yielded += 1
+                self._state = state
                 yield moved
         finally:
             source.close()

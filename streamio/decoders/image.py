@@ -214,7 +214,11 @@ class Image:
       close to, not equal to, a full decode then resize); ``False`` always decodes at full size;
     - ``on_error``: ``"raise"`` (a :class:`~streamio.DecodeError` naming the record),
       ``"skip"`` or ``"warn"`` (drop the record from its batch);
-    - ``max_pixels``: larger images are bad records, refused before decoding.
+    - ``max_pixels``: larger images are bad records, refused before decoding;
+    - ``device``: ``"cuda"`` (or ``"cuda:N"``) decodes each batch's JPEGs at once on the GPU
+      (nvJPEG, through ``torchvision.io.decode_jpeg``), resizes and crops there, and gives a
+      CUDA ``torch.uint8`` tensor instead of a numpy array (see ``streamio/decoders/_torch_image.py``
+      for what it needs and how close it is to the CPU path).
 
     Resize + crop is one resampling pass over the crop's region of the source, equal to
     resizing the whole image and then cropping up to rounding at the crop's edges.
@@ -227,7 +231,7 @@ class Image:
                  crop: Union[int, Size2, RandomResizedCrop, None] = None,
                  channels: int = 3, layout: Layout = "HWC", resample: str = "bilinear",
                  dct_scaling: bool = True, on_error: OnError = "raise",
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+                 max_pixels: int = DEFAULT_MAX_PIXELS, device: Optional[str] = None) -> None:
         if size is not None:
             if resize is not None or crop is not None:
                 raise UsageError("size=N means resize=N, crop=N: give size or resize/crop, not both")
@@ -263,6 +267,11 @@ class Image:
             raise UsageError(f"max_pixels must be a positive int, not {max_pixels!r}")
         self.on_error = on_error
         self.max_pixels = int(max_pixels)
+        self.device = None
+        if device is not None:
+            from . import _torch_image
+
+            self.device = _torch_image.check_device(self, device)
 
     # -- description ----------------------------------------------------------------------------
     @property
@@ -304,6 +313,8 @@ class Image:
         opts += [f"channels={self.channels}", f"layout={self.layout!r}"]
         if self.on_error != "raise":
             opts.append(f"on_error={self.on_error!r}")
+        if self.device is not None:
+            opts.append(f"device={self.device!r}")
         return f"Image({', '.join(opts)})"
 
     def __eq__(self, other: object) -> bool:
@@ -323,16 +334,7 @@ class Image:
         if isinstance(crop, RandomResizedCrop):
             box, flip = crop.params(width, height, _Codecs.crc32c(data))
             return box, (crop.size[1], crop.size[0]), None, flip
-        if self.resize is None:
-            rw, rh = width, height
-        elif self._resize_short:  # torchvision Resize(int): short side to N, long side truncated
-            n = self.resize[0]
-            if width <= height:
-                rw, rh = n, int(n * height / width)
-            else:
-                rw, rh = int(n * width / height), n
-        else:
-            rh, rw = self.resize
+        rw, rh = self._resized(width, height)
         if crop is None:
             return (0.0, 0.0, float(width), float(height)), (rw, rh), None, False
         ch, cw = crop
@@ -344,10 +346,25 @@ class Image:
             y1, x1 = min(height, y0 + ch), min(width, x0 + cw)
             return ((float(x0), float(y0), float(x1), float(y1)), (x1 - x0, y1 - y0),
                     (max(0, top), max(0, left)), False)
-        top = int(round((rh - ch) / 2.0))  # torchvision center_crop offsets
-        left = int(round((rw - cw) / 2.0))
+        top, left = self._crop_offsets(rw, rh)
         sx, sy = width / rw, height / rh
         return ((left * sx, top * sy, (left + cw) * sx, (top + ch) * sy), (cw, ch), None, False)
+
+    def _resized(self, width: int, height: int) -> Size2:
+        """``(width, height)`` after ``resize`` (before the crop)."""
+        if self.resize is None:
+            return width, height
+        if self._resize_short:  # torchvision Resize(int): short side to N, long side truncated
+            n = self.resize[0]
+            if width <= height:
+                return n, int(n * height / width)
+            return int(n * width / height), n
+        return self.resize[1], self.resize[0]
+
+    def _crop_offsets(self, rw: int, rh: int) -> Size2:
+        """``(top, left)`` of the centre crop in a ``rw x rh`` resized image."""
+        ch, cw = self.crop  # type: ignore[misc]
+        return int(round((rh - ch) / 2.0)), int(round((rw - cw) / 2.0))  # torchvision's
 
     # -- decoding -------------------------------------------------------------------------------
     def decode(self, data: Any) -> np.ndarray:
@@ -482,6 +499,12 @@ class Image:
         boolean mask of the rows that decoded, ``images`` holding only those. ``indices``: the
         position of each value in its batch, where that is not its position in ``values``.
         """
+        if self.device is not None:
+            from . import _torch_image
+
+            return _torch_image.decode_column(self, values, self.device, source=source,
+                                              first_index=first_index, field=field,
+                                              indices=indices)
         shape = self.shape
         n = len(values)
         out: Any = np.empty((n,) + shape, np.uint8) if shape is not None else np.empty(n, object)
@@ -496,21 +519,26 @@ class Image:
                     if array is not row:
                         row[...] = array
             except _BadImage as exc:
-                err = DecodeError(f"not a decodable image: {exc}", source=source,
-                                  record_index=first_index + int(i if indices is None
-                                                                 else indices[i]),
-                                  field=field)
-                if self.on_error == "raise":
-                    raise err from None
-                if self.on_error == "warn":
-                    warnings.warn(f"skipped a record: {err}", StreamioWarning, stacklevel=3)
-                note_skip(field or "image")
+                self._reject(exc, source, first_index + int(i if indices is None else indices[i]),
+                             field)
                 if keep is None:
                     keep = np.ones(n, bool)
                 keep[i] = False
         if keep is not None:
             out = out[keep]
         return out, keep
+
+    def _reject(self, exc: _BadImage, source: Optional[str], record_index: int,
+                field: Optional[str]) -> None:
+        """A bad image under ``on_error``: raise its DecodeError, or warn (and the caller drops
+        the record), or only let the caller drop it."""
+        err = DecodeError(f"not a decodable image: {exc}", source=source,
+                          record_index=record_index, field=field)
+        if self.on_error == "raise":
+            raise err from None
+        if self.on_error == "warn":
+            warnings.warn(f"skipped a record: {err}", StreamioWarning, stacklevel=4)
+        note_skip(field or "image")  # counted in stats() (decoder_skipped, by field)
 
     def decode_batch(self, records: Sequence[Any], *, source: Optional[str] = None,
                      first_index: int = 0) -> Dict[str, np.ndarray]:

@@ -851,7 +851,8 @@ class _EpochRun:
             if skipped:
                 return None  # rows dropped: decoded again batch by batch, counted there
             total = len(records)
-            if not table or not all(isinstance(v, np.ndarray) and v.ndim and len(v) == total
+            # numpy arrays, or torch tensors (an Image(device="cuda") column): sliced alike
+            if not table or not all(getattr(v, "ndim", 0) and len(v) == total
                                     for v in table.values()):
                 return None  # e.g. a CSV block that held a repeated header row
             out = []
