@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Optional, TextIO
 from ..errors import CorruptRecordError, TruncatedStreamError, UsageError
 from ..formats.recordio import LENGTH_MASK, MAGIC
 from ..formats.tfrecord import masked_crc32c
+from .pack_checks import create_temp
 
 __all__ = ["add_cli", "index_path", "iter_record_spans", "write_index"]
 
@@ -129,20 +130,14 @@ def write_index(path: str, format: Optional[str] = None, *,
     never sees half an index); returns its path. ``format``: from the suffix if None."""
     fmt = format or _format_of(path)
     out = index_path(path, fmt)
-    tmp = out + ".tmp"
-    try:
-        with open(tmp, "w", encoding="ascii") as f:
-            lines = []
-            for key, (offset, length) in enumerate(iter_record_spans(path, fmt, progress)):
-                lines.append(f"{key}\t{offset}\n" if fmt == "recordio" else f"{offset} {length}\n")
-                if len(lines) >= 65536:
-                    f.write("".join(lines))
-                    lines = []
-            f.write("".join(lines))
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with create_temp(out) as f:  # a random name, O_EXCL|O_NOFOLLOW: a planted link is not followed
+        lines = []
+        for key, (offset, length) in enumerate(iter_record_spans(path, fmt, progress)):
+            lines.append(f"{key}\t{offset}\n" if fmt == "recordio" else f"{offset} {length}\n")
+            if len(lines) >= 65536:
+                f.write("".join(lines).encode("ascii"))
+                lines = []
+        f.write("".join(lines).encode("ascii"))
     return out
 
 
