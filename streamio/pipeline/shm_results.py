@@ -23,7 +23,7 @@ after the stage closes (an unlinked segment lives on while it is mapped).
 Ownership (so that nothing is left in ``/dev/shm`` whatever happens):
 
 - A child creates its result segments itself, because only it knows how large a result is; it
-  names each one after the task it first carries (``<prefix><child>-r<slot>-<task id>``), a
+  names each one as the task it first carries says (``<prefix><child>-r<slot>-<random>``), a
   name the parent chose and knows before the child can create it. It writes a result into the
   smallest of its free segments that fits, else creates one (replacing, that is unlinking, a
   free one that is too small, and saying so), and reports the segment's name with the result.
@@ -31,8 +31,15 @@ Ownership (so that nothing is left in ``/dev/shm`` whatever happens):
   it, or once the consumer dropped the arrays lent from it.
 - The parent, at close, unlinks every segment a child may have left: every name reported and
   the suggested name of every task still in flight (a child killed between creating a segment
-  and reporting it). Names that no longer exist are skipped. Mappings are never closed
-  explicitly (a lent array may still use one); they go with their last reference.
+  and reporting it). Names that no longer exist, or that another user holds, are skipped.
+  Mappings are never closed explicitly (a lent array may still use one); they go with their
+  last reference.
+
+Names: ``/dev/shm`` is shared by every user, and a name there is claimed by whoever creates it
+first. Every segment's name ends in a fresh random part (:func:`new_segment_name`), so nobody
+can create the next one ahead of us; and a name that is taken anyway is not an error: creation
+(:func:`create_segment`) retries with fresh random names. A name someone else created is never
+attached or unlinked.
 """
 
 from __future__ import annotations
@@ -41,19 +48,22 @@ import collections
 import mmap
 import os
 import pickle
+import secrets
 import weakref
 from multiprocessing import shared_memory
 from typing import Any, Iterable, Optional
 
 import numpy as np
 
+from ..errors import MapError
+
 try:  # what multiprocessing.shared_memory itself uses on POSIX
     import _posixshmem
 except ImportError:  # pragma: no cover - not POSIX: results are copied out
     _posixshmem = None
 
-__all__ = ["LEASES", "OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach", "dump_results",
-           "release_segment"]
+__all__ = ["LEASES", "OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach",
+           "create_segment", "dump_results", "new_segment_name", "release_segment"]
 
 #: Buffers at least this large go through shared memory; smaller ones stay in the pickle, where
 #: they cost less than the bookkeeping of a span.
@@ -65,6 +75,32 @@ _MIN_CAPACITY = 1 << 20
 #: Results of one map process lent to the consumer at a time (each holds one result segment);
 #: results read ahead, not yet handed to the consumer, are not counted.
 LEASES = 2
+#: Fresh names tried when a segment's name is taken (by another user: 64 random bits each,
+#: so a second collision means someone predicts our randomness, not bad luck).
+CREATE_ATTEMPTS = 16
+
+
+def segment_token() -> str:
+    """The random part of a segment name (64 bits)."""
+    return secrets.token_hex(8)
+
+
+def new_segment_name(stem: str) -> str:
+    """``stem`` and a fresh random part: a name nobody can create before us on purpose."""
+    return f"{stem}-{segment_token()}"
+
+
+def create_segment(name: str, size: int) -> shared_memory.SharedMemory:
+    """Create the segment ``name`` (from :func:`new_segment_name`), or, where another process
+    already holds that name, one under a fresh random name after the same stem."""
+    stem = name.rpartition("-")[0]
+    for _ in range(CREATE_ATTEMPTS):
+        try:
+            return shared_memory.SharedMemory(name, create=True, size=size)
+        except FileExistsError:
+            name = new_segment_name(stem)
+    raise MapError(f"cannot create a shared-memory segment: {CREATE_ATTEMPTS} fresh random names"
+                   f" under {stem}- were all taken (does another process predict them?)")
 
 
 def dump_results(results: Any) -> tuple[bytes, list, list, int]:
@@ -129,7 +165,7 @@ class ChildResults:
             self.free.remove(name)
             segment = self.segments[name]
         else:
-            segment = shared_memory.SharedMemory(suggested, create=True, size=_capacity(total))
+            segment = create_segment(suggested, _capacity(total))
             name = segment.name
             if self.free:
                 # Replace a free segment that is too small rather than add one: the parent
@@ -236,8 +272,25 @@ class ParentResults:
         self.maps.clear()
         self.done.clear()
         for name in sorted(names):
+            if not _ours(name):
+                continue  # never created, already unlinked, or another user's (a taken name)
             try:
                 segment = shared_memory.SharedMemory(name)
             except FileNotFoundError:
-                continue  # never created, or already replaced and unlinked by its child
+                continue
             release_segment(segment)
+
+
+def _ours(name: str) -> bool:
+    """Whether the segment ``name`` exists and this user created it (a name a child was told to
+    use may have been taken by someone else: that one is not ours to unlink)."""
+    if _posixshmem is None:  # pragma: no cover - not POSIX
+        return True
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
+    except OSError:  # gone, or not readable by us: not ours either way
+        return False
+    try:
+        return os.fstat(fd).st_uid == os.geteuid()
+    finally:
+        os.close(fd)
