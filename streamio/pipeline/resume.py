@@ -199,7 +199,7 @@ def check_state(ds: Any, state: Any) -> dict:
         raise UsageError("resume state: 'seeds' has one entry per stage: the pipeline has"
                          f" {len(ds._stages)} stage(s), the state {len(seeds)}")
     for position, (stage, seed) in enumerate(zip(ds._stages, seeds)):
-        _check_seed(stage, seed, position)
+        _check_stage_seed(stage, seed, position)
     chain = describe_chain(with_seeds(ds, seeds))
     if state["chain"] != chain:
         raise UsageError("resume state: 'chain' says it was taken from a different pipeline"
@@ -214,7 +214,7 @@ def check_state(ds: Any, state: Any) -> dict:
     return state
 
 
-def _check_seed(stage: Any, seed: Any, position: int) -> None:
+def _check_stage_seed(stage: Any, seed: Any, position: int) -> None:
     """A stage's seed in a state: None where the stage has none, the stage's own where it was
     given one, any seed where the stage drew its own (the state's is the epoch's)."""
     from .dataset import _stage_call
