@@ -12,7 +12,9 @@
 
 * ``TrainingInputMode``: ``Pipe`` reads the FIFOs ``<name>_<epoch>`` (one per epoch, each
   ``iter()`` the next); ``File`` and ``FastFile`` read the files under ``<root>/input/data/<name>/``
-  (recursively, sorted, hidden files skipped). The same records come out either way.
+  (recursively, sorted, hidden files skipped; links followed, but each file and directory
+  visited once, so a link loop ends; index files beside shards are left to the byte-range
+  planner, not read as records). The same records come out either way.
 * ``ContentType`` picks the format and the decoder (:data:`CONTENT_TYPES`); explicit ``format=``
   and ``decoder=`` arguments win.
 * ``CompressionType: Gzip``: gzip is recognised by its magic bytes (SageMaker documents that it
@@ -23,7 +25,8 @@
   types keep one record per object.
 * Augmented manifests (``AttributeNames``, Pipe mode with RecordIO wrapping): each JSON line's
   attributes arrive as consecutive records; they are regrouped into one record per line, and
-  :class:`AugmentedManifest` decodes a batch into a dict keyed by attribute name.
+  :class:`AugmentedManifest` decodes a batch into a dict keyed by attribute name (with
+  ``decoder=None``, each item is its line's ``{attribute: bytes}``).
 * ``S3DistributionType``: ``FullyReplicated`` means every host receives all of the data, so the
   Dataset keeps this host's share (``shard(num_hosts, host_index)``); ``ShardedByS3Key`` means the
   host already holds only its share. Either way ``to_torch()`` then splits the host's share over
