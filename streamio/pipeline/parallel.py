@@ -495,8 +495,8 @@ class _Processes:
     def _result_name(self, child: int, slot: int, tid: int) -> str:
         # The name the child gives a result segment it creates for this task: known here
         # first, so close() can unlink it even if the child dies right after creating it.
-        # Random, so that no one can take it first (if someone does, the child picks another,
-        # which the resource tracker the child shares with us unlinks if it dies holding it).
+        # Random, so that no one can take it first (if someone does, the child takes
+        # "<name>-<random>", which close() finds too).
         name = self.result_names[tid] = new_segment_name(f"{self.prefix}{child}-r{slot}")
         return name
 

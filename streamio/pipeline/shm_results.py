@@ -30,8 +30,8 @@ Ownership (so that nothing is left in ``/dev/shm`` whatever happens):
   A segment is free again when the parent says so with a later task: right after copying out of
   it, or once the consumer dropped the arrays lent from it.
 - The parent, at close, unlinks every segment a child may have left: every name reported and
-  the suggested name of every task still in flight (a child killed between creating a segment
-  and reporting it). Names that no longer exist, or that another user holds, are skipped.
+  the suggested name of every task still in flight, or the name the child took instead where
+  that one was taken (a child killed between creating a segment and reporting it). Names that no longer exist, or that another user holds, are skipped.
   Mappings are never closed explicitly (a lent array may still use one); they go with their
   last reference.
 
@@ -92,15 +92,16 @@ def new_segment_name(stem: str) -> str:
 
 def create_segment(name: str, size: int) -> shared_memory.SharedMemory:
     """Create the segment ``name`` (from :func:`new_segment_name`), or, where another process
-    already holds that name, one under a fresh random name after the same stem."""
-    stem = name.rpartition("-")[0]
+    already holds that name, one named ``<name>-<fresh random part>`` (so whoever chose
+    ``name`` can still find it: :meth:`ParentResults.close`)."""
+    first = name
     for _ in range(CREATE_ATTEMPTS):
         try:
             return shared_memory.SharedMemory(name, create=True, size=size)
         except FileExistsError:
-            name = new_segment_name(stem)
+            name = new_segment_name(first)
     raise MapError(f"cannot create a shared-memory segment: {CREATE_ATTEMPTS} fresh random names"
-                   f" under {stem}- were all taken (does another process predict them?)")
+                   f" after {first} were all taken (does another process predict them?)")
 
 
 def dump_results(results: Any) -> tuple[bytes, list, list, int]:
@@ -267,7 +268,8 @@ class ParentResults:
     def close(self, leftovers: Iterable[str]) -> None:
         """Forget every mapping (a lent array keeps its own) and unlink every segment reported
         and every name in ``leftovers`` that exists (call once the children are gone)."""
-        names = self.names | set(leftovers)
+        leftovers = set(leftovers)
+        names = self.names | leftovers | _retried(leftovers)
         self.names = set()
         self.maps.clear()
         self.done.clear()
@@ -279,6 +281,15 @@ class ParentResults:
             except FileNotFoundError:
                 continue
             release_segment(segment)
+
+
+def _retried(suggested: set) -> set:
+    """The names a child may have created instead of ``suggested`` ones that were taken
+    (``<suggested>-<random>``: :func:`create_segment`), found in ``/dev/shm`` (Linux)."""
+    if not suggested or not os.path.isdir("/dev/shm"):
+        return set()
+    return {name for name in os.listdir("/dev/shm")
+            if name.rpartition("-")[0] in suggested}
 
 
 def _ours(name: str) -> bool:
