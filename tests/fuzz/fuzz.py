@@ -55,7 +55,7 @@ def main() -> None:
     if not target.available(ck):
         print(f"SKIP {name}: this build has no {target.kernels[0]} kernel")
         sys.exit(0)
-    if python_coverage and target.references:
+    if (python_coverage or not target.kernels) and target.references:
         # The Python references are instrumented too: inputs that reach new reference paths
         # are kept, which is where C and Python are most likely to part ways.
         with atheris.instrument_imports(include=list(target.references)):

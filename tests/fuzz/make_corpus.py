@@ -364,6 +364,24 @@ def resample_seeds(rng: random.Random) -> List[bytes]:
     return seeds
 
 
+def resume_state_seeds(rng: random.Random) -> List[bytes]:
+    """States the fuzzed pipeline took at several points of several epochs, and a few near
+    misses (a changed seed, a count past the end, a string where a number belongs)."""
+    ds = T._resume_pipeline()
+    seeds = []
+    for epoch, taken in ((0, 0), (0, 3), (1, 5), (4, 8)):
+        it = iter(ds.with_context(epoch=epoch))
+        for _ in range(taken):
+            next(it)
+        state = it.state_dict()
+        it.close()
+        seeds.append(T.encode_resume_state(state))
+    seeds.append(T.encode_resume_state({**state, "seeds": [2, None, 2]}))
+    seeds.append(T.encode_resume_state({**state, "delivered": 10 ** 6}))
+    seeds.append(T.encode_resume_state({**state, "epoch": "1", "finished": "no"}))
+    return seeds
+
+
 SEEDS = {
     "scan_tfrecords": scan_tfrecords_seeds,
     "scan_recordio": scan_recordio_seeds,
@@ -376,6 +394,7 @@ SEEDS = {
     "crc32c": crc32c_seeds,
     "find_sync": find_sync_seeds,
     "resample": resample_seeds,
+    "resume_state": resume_state_seeds,
 }
 
 

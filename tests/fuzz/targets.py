@@ -12,12 +12,15 @@ Every target has an ``encode`` that builds an input from readable arguments, so 
 seed's payload bytes stays a mutation of the stream. Input layouts are in each decoder.
 
 To add a kernel: write ``run`` and ``encode``, add a ``Target`` to ``TARGETS`` naming the kernel,
-and seeds in ``make_corpus.py``. ``tests/test_fuzz_harness.py`` fails while a public function of
+and seeds in ``make_corpus.py``. A parser of untrusted bytes written in Python only (a wire
+protocol) is a ``Target`` with no kernels: ``run`` ignores ``ck`` and checks the parser's own
+rules, and ``fuzz.py`` always instruments its modules for coverage. ``tests/test_fuzz_harness.py`` fails while a public function of
 ``streamio._speedups`` has no target.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import struct
@@ -582,19 +585,75 @@ def run_resample(ck: ModuleType, data: bytes) -> None:
                        f"{int((out != expected).sum())} bytes differ")
 
 
+# --- pure-Python parsers of hostile bytes: resume states ----------------------------------------
+
+_RESUME: dict = {}
+
+
+def _resume_pipeline() -> Any:
+    """A small pipeline with fixed seeds (a state's check is then the same in every process)."""
+    if "ds" not in _RESUME:
+        import streamio
+
+        records = [streamio.encode_example({"x": i}) for i in range(23)]
+        from streamio.formats import encode_tfrecord
+
+        data = b"".join(encode_tfrecord(r) for r in records)
+        _RESUME["ds"] = streamio.Dataset(data, "tfrecord").shuffle(5, seed=1).batch(3) \
+            .shuffle_batches(2, seed=2)
+        _RESUME["epochs"] = {}
+    return _RESUME["ds"]
+
+
+def encode_resume_state(state: Any) -> bytes:
+    """Input: the state as JSON text, as a checkpoint file or a DataLoader state holds it."""
+    return json.dumps(state).encode("utf-8")
+
+
+def run_resume_state(ck: ModuleType, data: bytes) -> None:
+    """A resume state parsed from a checkpoint's bytes (no kernel: ``ck`` is unused): the
+    pipeline resumes exactly the epoch the state names from the item it names, or refuses with
+    a streamio usage error; never another exception, never different items."""
+    from streamio.errors import UsageError, UsageTypeError
+
+    try:
+        state = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return  # not JSON: the adapters say so before a state is looked at
+    ds = _resume_pipeline()
+    try:
+        got = list(ds.iter_from(state))
+    except (UsageError, UsageTypeError):
+        return
+    if state["finished"]:
+        expect_equal("items of a finished epoch", got, [])
+        return
+    epochs = _RESUME["epochs"]
+    epoch = state["epoch"]
+    if epoch not in epochs:
+        if len(epochs) > 64:
+            epochs.clear()
+        epochs[epoch] = list(ds.with_context(epoch=epoch))
+    if state["delivered"] > len(epochs[epoch]):
+        raise Mismatch(f"a state past the end of its epoch ({state['delivered']} of"
+                       f" {len(epochs[epoch])} items) was accepted")
+    expect_equal("resumed items", got, epochs[epoch][state["delivered"]:])
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Target:
     name: str
-    kernels: Tuple[str, ...]  # the functions of streamio._speedups this target covers
+    kernels: Tuple[str, ...]  # the functions of streamio._speedups this target covers (or none)
     run: Callable[[ModuleType, bytes], None]
     # streamio modules whose Python code atheris instruments for coverage (the references)
     references: Tuple[str, ...]
 
     def available(self, ck: ModuleType) -> bool:
-        """Whether the build has the first kernel (a target for a kernel yet to come is skipped)."""
-        return hasattr(ck, self.kernels[0])
+        """Whether the build has the first kernel (a target for a kernel yet to come is skipped);
+        a target without kernels (a pure-Python parser) always runs."""
+        return not self.kernels or hasattr(ck, self.kernels[0])
 
     def one_input(self, ck: ModuleType) -> Callable[[bytes], None]:
         return lambda data: self.run(ck, data)
@@ -621,6 +680,8 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
            run_find_sync, ("streamio.formats.tfrecord", "streamio.formats._tfrecord_sync",
                            "streamio.formats.recordio", "streamio.formats._recordio_sync")),
     Target("resample", ("resample",), run_resample, ("streamio.decoders._resample",)),
+    # No kernel: a checkpoint's resume state (JSON a restarted job reads back).
+    Target("resume_state", (), run_resume_state, ("streamio.pipeline.resume",)),
 ]}
 
 
