@@ -466,7 +466,8 @@ def cmd_pack(args) -> int:
                           for i, name in enumerate(result.classes[:10]))
         print(f"classes: {shown}" + (" ..." if len(result.classes) > 10 else ""))
     if result.skipped:
-        print(f"skipped {len(result.skipped)} unreadable files (listed on stderr)")
+        print(f"skipped {len(result.skipped)} files: unreadable, or images that will not"
+              " decode (listed on stderr)")
     print(f"read them with: {printable(result.dataset_line())}")
     return 0
 
