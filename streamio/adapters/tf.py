@@ -439,6 +439,10 @@ def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = 
     # Without batch() items are raw records whatever the decoder (it decodes batches).
     decoder = getattr(dataset, "decoder", None) if batched else None
     source = _EpochSource(dataset, rank, world_size)
+    if resume is not None:
+        from ..pipeline.resume import check_fields
+
+        check_fields(resume)  # its epoch is read before the pipeline checks the rest
     source.resume = resume
     source.batches = batches
     adopt = getattr(owner, "_add_stats_provider", None)
@@ -509,8 +513,12 @@ def resume_callback(path: str, *, every: int = 100) -> Any:
             self.every = every
             self.state: Optional[dict] = None
             if os.path.exists(path):
-                with open(path, encoding="utf-8") as f:
-                    self.state = json.load(f)
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        self.state = _resume.check_fields(json.load(f))
+                except (ValueError, UsageTypeError) as exc:  # not JSON, not UTF-8, not a state
+                    raise UsageError(f"resume_callback: {path} holds no resume state ({exc})"
+                                     ) from None
             #: The epoch to pass to ``model.fit(initial_epoch=...)``.
             self.initial_epoch = 0 if self.state is None else int(self.state["epoch"])
             self._source: Any = None

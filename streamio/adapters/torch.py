@@ -607,6 +607,14 @@ class StreamDataset(torch.utils.data.IterableDataset):
             raise UsageError(f"resume state: epoch must be an int >= 0, not {epoch!r}")
         if inner is not None and not hasattr(self.dataset, "iter_from"):
             raise UsageError("this Dataset cannot resume (it has no iter_from)")
+        if inner is not None:
+            from ..pipeline.resume import check_fields
+
+            try:
+                check_fields(inner)  # the rest is checked against each reader's plan
+            except UsageTypeError:
+                raise UsageError("not a StreamDataset state: its 'iterator' is not a resume"
+                                 " state") from None
         self._pending = (epoch, None if inner is None else dict(inner))
         self._epoch.resumed(epoch)
         for i, start in self._channel_starts.items():

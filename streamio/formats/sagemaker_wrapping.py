@@ -193,4 +193,22 @@ def split_manifest_record(record: bytes) -> list:
     return parts
 
 
-__all__ = ["ManifestGroupFramer", "RecordIOUnwrapper", "split_manifest_record"]
+class ManifestAttributes:
+    """``record -> {attribute name: bytes}`` for a ``"sagemaker-manifest"`` record: what an
+    augmented-manifest channel read without a decoder yields (a :meth:`Dataset.map`)."""
+
+    def __init__(self, names: tuple) -> None:
+        self.names = tuple(names)
+
+    def __call__(self, record: bytes) -> dict:
+        parts = split_manifest_record(record)
+        if len(parts) != len(self.names):
+            raise DecodeError(f"{len(parts)} attributes where {len(self.names)} were expected")
+        return dict(zip(self.names, parts))
+
+    def __repr__(self) -> str:
+        return f"ManifestAttributes({self.names!r})"
+
+
+__all__ = ["ManifestAttributes", "ManifestGroupFramer", "RecordIOUnwrapper",
+           "split_manifest_record"]

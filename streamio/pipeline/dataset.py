@@ -65,6 +65,7 @@ class _Shuffle:
     buffer_bytes: Optional[int]
     seed: int
     initial: Optional[int]
+    seed_drawn: bool = False  # seed=None: drawn here, so a resume state's seed replaces it
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class _Batch:
 class _ShuffleBatches:
     n: int
     seed: int
+    seed_drawn: bool = False
 
 
 @dataclass(frozen=True)
@@ -362,7 +364,8 @@ class Dataset:
             buffer_bytes = _check_int("buffer_bytes", buffer_bytes, 1)
         if initial is not None:
             initial = _check_int("initial", initial, 0)
-        return self._with_stage(_Shuffle(buffer_size, buffer_bytes, _check_seed(seed), initial))
+        return self._with_stage(_Shuffle(buffer_size, buffer_bytes, _check_seed(seed), initial,
+                                         seed is None))
 
     def batch(self, batch_size: int, *, drop_last: bool = False) -> "Dataset":
         """Group records into batches of ``batch_size``: a ``list`` of records, or with a decoder
@@ -386,7 +389,7 @@ class Dataset:
         n = _check_int("n", n, 1)
         if not self._batched():
             raise UsageError("shuffle_batches() needs batch() first (use shuffle() for records)")
-        return self._with_stage(_ShuffleBatches(n, _check_seed(seed)))
+        return self._with_stage(_ShuffleBatches(n, _check_seed(seed), seed is None))
 
     def prefetch(self, n: Optional[int] = None) -> "Dataset":
         """Run everything before this point ahead of the consumer, in a background thread, at
@@ -646,7 +649,8 @@ class _EpochRun:
                     together = not any(isinstance(later, (_Shuffle, _ShuffleBatches))
                                        for later in stages[position + 1:])
                     if ff is not None and ff.mode == "before_decode":
-                        blocks = _resume.drop_batches(blocks, ff.count)  # never decoded
+                        blocks = _resume.skip_delivered(blocks, ff.count,  # never decoded
+                                                        _resume.drop_batches)
                     if ff is not None and ff.mode == "lazy":
                         blocks = _resume.defer_decode(blocks)
                     else:
@@ -671,7 +675,7 @@ class _EpochRun:
             if ff is not None and ff.mode == "lazy" and ff.position == position:
                 blocks = _resume.mark_and_decode(blocks, ff.keep, ff.count, self.decode)
         if ff is not None and ff.mode in ("end", "lazy"):
-            blocks = _skip(blocks, ff.count)  # the items the consumer already has
+            blocks = _resume.skip_delivered(blocks, ff.count, _skip)  # the consumer has them
         return blocks
 
     def place(self, position: int) -> "parallel.MapPlace":

@@ -61,7 +61,6 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 from typing import Any, Callable, Iterator, Literal, Optional
 
 import numpy as np
@@ -69,7 +68,8 @@ import numpy as np
 from ..decoders._skips import counting_skips
 from ..errors import FormatError, MapError, MissingDependencyError, UsageError, UsageTypeError
 from ._mainless import MainlessProcess
-from .shm_results import (ChildResults, ParentResults, attach, dump_results,
+from .shm_results import (ChildResults, ParentResults, attach, create_segment, dump_results,
+                          new_segment_name,
                           release_segment)
 
 __all__ = ["MAX_INFLIGHT_BYTES", "MapBackend", "TASK_BYTES", "TASK_ITEMS", "filter_blocks",
@@ -84,7 +84,7 @@ TASK_ITEMS = 64
 TASK_BYTES = 1 << 20
 #: No new task starts while those in flight hold this many bytes of input.
 MAX_INFLIGHT_BYTES = 64 << 20
-#: Shared-memory segments of map tasks: ``streamio-map-<pid>-<random>-<child>-<slot>-<n>``.
+#: Shared-memory segments of map tasks: ``streamio-map-<pid>-<random>-<child>-<slot>-<random>``.
 SEGMENT_PREFIX = "streamio-map-"
 #: How long a closing pool waits for idle processes to exit before terminating them.
 _EXIT_GRACE_S = 1.0
@@ -469,8 +469,8 @@ class _Processes:
         # task to task: creating and unlinking one per task costs more than copying 1 MiB.
         self.segments: dict = {}  # (child, slot) -> SharedMemory
         self.free: list = []  # per child: its free slots
-        self.generation = 0
         self.tasks: dict = {}  # tid -> (task, child, slot)
+        self.result_names: dict = {}  # tid -> the name its result segment would get
         self.finished: dict = {}  # tid -> _Outcome, waiting for its turn
         self.results = ParentResults()
         try:
@@ -497,10 +497,8 @@ class _Processes:
         if segment is None or segment.size < size:
             if segment is not None:
                 release_segment(segment)
-            self.generation += 1
             capacity = max(TASK_BYTES, 1 << max(0, size - 1).bit_length())
-            segment = shared_memory.SharedMemory(
-                f"{self.prefix}{child}-{slot}-{self.generation}", create=True, size=capacity)
+            segment = create_segment(new_segment_name(f"{self.prefix}{child}-{slot}"), capacity)
             self.segments[(child, slot)] = segment
         self.tasks[task.tid] = (task, child, slot)
         buf = segment.buf
@@ -524,7 +522,10 @@ class _Processes:
     def _result_name(self, child: int, slot: int, tid: int) -> str:
         # The name the child gives a result segment it creates for this task: known here
         # first, so close() can unlink it even if the child dies right after creating it.
-        return f"{self.prefix}{child}-r{slot}-{tid}"
+        # Random, so that no one can take it first (if someone does, the child takes
+        # "<name>-<random>", which close() finds too).
+        name = self.result_names[tid] = new_segment_name(f"{self.prefix}{child}-r{slot}")
+        return name
 
     def _died(self, child: int) -> MapError:
         proc = self.procs[child]
@@ -556,6 +557,7 @@ class _Processes:
         self.results.receive(segment_name, retired)
         self.queued[child].remove(tid)
         del self.tasks[tid]
+        self.result_names.pop(tid, None)
         self.free[child].append(slot)
         if failure is not None:
             position, exc, text = failure
@@ -602,9 +604,8 @@ class _Processes:
             proc.join()
         for conn in self.conns:
             conn.close()
-        leftovers = [self._result_name(child, slot, tid)
-                     for tid, (_, child, slot) in self.tasks.items()]
-        self.results.close(leftovers)
+        self.results.close(self.result_names.values())
+        self.result_names.clear()
         self.conns, self.procs = [], []
         for segment in self.segments.values():
             release_segment(segment)

@@ -3,7 +3,8 @@
 A checkpoint of an epoch is small and JSON-serialisable::
 
     {"streamio_resume": 1, "epoch": 3, "delivered": 1200, "finished": false,
-     "seeds": [7, 11], "chain": "<sha256 of the pipeline's description>"}
+     "seeds": [7, 11], "chain": "<sha256 of the pipeline's description>",
+     "check": "<sha256 of the chain and the seeds>"}
 
 ``delivered`` counts the items (records, or batches after ``batch()``) the consumer has taken
 from the epoch's iterator. Resuming (:meth:`Dataset.iter_from`) rebuilds the same epoch (same
@@ -41,21 +42,34 @@ rather than resume inexactly. Where the skipped items cannot stay undecoded (a s
 ``batch()`` that looks at the decoded values: such a stage, or a batch ``shuffle`` with
 ``buffer_bytes``, whose order depends on the decoded sizes), fast-forward decodes them too:
 still exact, only slower.
+
+A state is input (a checkpoint file, a DataLoader's state dict): every field is checked before it
+is used (:func:`check_fields`: types and ranges; :func:`check_state`: against the pipeline), and a
+state that does not fit is a :class:`~streamio.UsageError` naming the field. ``seeds`` must be
+``None`` exactly where a stage has no seed and equal every seed the pipeline was given
+explicitly; a seed the pipeline drew itself (``seed=None``) comes from the state, bound to the
+chain by ``check``, so a changed seed cannot pass for the epoch that was interrupted. A
+``delivered`` count beyond the end of the epoch is an error when the replay gets there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
-from ..errors import UsageError, UsageTypeError
+from ..errors import StreamioWarning, UsageError, UsageTypeError
 
-__all__ = ["STATE_VERSION", "FastForward", "check_state", "describe_chain", "plan_fast_forward"]
+__all__ = ["STATE_VERSION", "FastForward", "check_fields", "check_state", "describe_chain",
+           "plan_fast_forward", "skip_delivered"]
 
 STATE_VERSION = 1
 _KEY = "streamio_resume"
+_FIELDS = (_KEY, "epoch", "delivered", "finished", "seeds", "chain", "check")
+#: Epochs and item counts beyond this are not a real run's (and would overflow int64 counters).
+_MAX_COUNT = 2 ** 63 - 1
 
 
 def _source_key(source: Any) -> str:
@@ -75,7 +89,7 @@ def _stage_key(stage: Any) -> Optional[dict]:
         return None
     out = {"type": type(stage).__name__}
     for name in fields:
-        if name == "seed":
+        if name in ("seed", "seed_drawn"):
             continue
         out[name] = _value_key(getattr(stage, name))
     return out
@@ -115,36 +129,104 @@ def describe_chain(ds: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _seeds_check(chain: str, seeds: list) -> str:
+    """Binds the seeds to the chain: a seed changed in a state no longer matches."""
+    return hashlib.sha256(json.dumps([chain, seeds]).encode()).hexdigest()[:32]
+
+
 def make_state(ds: Any, epoch: int, delivered: int, finished: bool) -> dict:
     check_stages(ds._stages)  # a state that could not be resumed is refused when taken
+    seeds = stage_seeds(ds._stages)
+    chain = describe_chain(ds)
     return {_KEY: STATE_VERSION, "epoch": int(epoch), "delivered": int(delivered),
-            "finished": bool(finished), "seeds": stage_seeds(ds._stages),
-            "chain": describe_chain(ds)}
+            "finished": bool(finished), "seeds": seeds, "chain": chain,
+            "check": _seeds_check(chain, seeds)}
+
+
+def _count(state: dict, key: str) -> int:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
+        raise UsageError(f"resume state: {key!r} must be an int in [0, 2**63), not"
+                         f" {value!r:.80}")
+    return value
+
+
+def check_fields(state: Any) -> dict:
+    """``state``'s fields checked on their own (types and ranges), before anything uses them:
+    a :class:`~streamio.UsageError` names the field that is wrong."""
+    if not isinstance(state, dict):
+        raise UsageTypeError(f"a resume state is a dict (from state_dict()), not"
+                             f" {type(state).__name__}")
+    version = state.get(_KEY)
+    if isinstance(version, bool) or version != STATE_VERSION:
+        raise UsageError(f"not a streamio resume state: {_KEY!r} must be {STATE_VERSION}, not"
+                         f" {version!r:.80} (keys {sorted(map(str, state))[:8]})")
+    unknown = sorted(str(key) for key in state if key not in _FIELDS)
+    if unknown:
+        raise UsageError(f"resume state: unknown field(s) {unknown[:8]} (fields:"
+                         f" {', '.join(_FIELDS)})")
+    _count(state, "epoch")
+    _count(state, "delivered")
+    if not isinstance(state.get("finished"), bool):
+        raise UsageError(f"resume state: 'finished' must be true or false, not"
+                         f" {state.get('finished')!r:.80}")
+    seeds = state.get("seeds")
+    if not isinstance(seeds, list) or not all(
+            seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0)
+            for seed in seeds):
+        raise UsageError(f"resume state: 'seeds' must be a list of ints >= 0 and nulls, not"
+                         f" {seeds!r:.80}")
+    for key in ("chain", "check"):
+        value = state.get(key)
+        if (key in state or key == "chain") and not (
+                isinstance(value, str) and len(value) == 32
+                and all(c in "0123456789abcdef" for c in value)):
+            raise UsageError(f"resume state: {key!r} must be a digest of 32 hex digits, not"
+                             f" {value!r:.80}")
+    return state
 
 
 def check_state(ds: Any, state: Any) -> dict:
     """``state`` checked against ``ds``; UsageError says what does not match."""
-    if not isinstance(state, dict):
-        raise UsageTypeError(f"a resume state is a dict (from state_dict()), not"
-                             f" {type(state).__name__}")
+    check_fields(state)
     check_stages(ds._stages)
-    if state.get(_KEY) != STATE_VERSION:
-        raise UsageError(f"not a streamio resume state (version {STATE_VERSION}): keys"
-                         f" {sorted(state)[:8]}")
-    for key in ("epoch", "delivered"):
-        value = state.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UsageError(f"resume state: {key} must be an int >= 0, not {value!r}")
-    seeds = state.get("seeds")
-    if not isinstance(seeds, list) or len(seeds) != len(ds._stages):
-        raise UsageError("resume state: the pipeline has"
-                         f" {len(ds._stages)} stage(s), the state was taken with"
-                         f" {len(seeds) if isinstance(seeds, list) else '?'}")
-    if state.get("chain") != describe_chain(with_seeds(ds, seeds)):
-        raise UsageError("resume state: it was taken from a different pipeline (other sources,"
-                         " format, options, stages, shard or worker/rank); rebuild the Dataset"
-                         " as it was when the state was taken")
+    pinned = ds._context.epoch
+    if pinned is not None and state["epoch"] != pinned:
+        raise UsageError(f"resume state: 'epoch' is {state['epoch']}, but this Dataset is pinned"
+                         f" to epoch {pinned} (with_context)")
+    seeds = state["seeds"]
+    if len(seeds) != len(ds._stages):
+        raise UsageError("resume state: 'seeds' has one entry per stage: the pipeline has"
+                         f" {len(ds._stages)} stage(s), the state {len(seeds)}")
+    for position, (stage, seed) in enumerate(zip(ds._stages, seeds)):
+        _check_stage_seed(stage, seed, position)
+    chain = describe_chain(with_seeds(ds, seeds))
+    if state["chain"] != chain:
+        raise UsageError("resume state: 'chain' says it was taken from a different pipeline"
+                         " (other sources, format, options, stages, shard or worker/rank);"
+                         " rebuild the Dataset as it was when the state was taken")
+    if "check" not in state:
+        warnings.warn("resume state without 'check' (from an older streamio): its seeds cannot"
+                      " be verified", StreamioWarning, stacklevel=3)
+    elif state["check"] != _seeds_check(chain, seeds):
+        raise UsageError("resume state: its 'seeds' do not match its 'check': the state was"
+                         " changed after it was taken, and would replay a different epoch")
     return state
+
+
+def _check_stage_seed(stage: Any, seed: Any, position: int) -> None:
+    """A stage's seed in a state: None where the stage has none, the stage's own where it was
+    given one, any seed where the stage drew its own (the state's is the epoch's)."""
+    from .dataset import _stage_call
+
+    own = getattr(stage, "seed", None)
+    if (own is None) != (seed is None):
+        raise UsageError(f"resume state: 'seeds'[{position}] is {seed!r:.40} but"
+                         f" {_stage_call(stage)} {'has no' if own is None else 'has a'} seed")
+    if own is not None and not getattr(stage, "seed_drawn", False) and seed != own:
+        raise UsageError(f"resume state: 'seeds'[{position}] is {seed}, but"
+                         f" {_stage_call(stage)} was given seed={own}: the state is another"
+                         " pipeline's")
 
 
 def with_seeds(ds: Any, seeds: list) -> Any:
@@ -233,6 +315,28 @@ def _close(blocks: Any) -> None:
     close = getattr(blocks, "close", None)
     if close is not None:
         close()
+
+
+def skip_delivered(blocks: Iterator[tuple], n: int,
+                   skip: Callable[[Iterator[tuple], int], Iterator[tuple]]) -> Iterator[tuple]:
+    """``skip(blocks, n)`` (drop the ``n`` items the consumer already has), and a
+    :class:`~streamio.UsageError` if the epoch ends before ``n`` items went by: a state whose
+    ``delivered`` is beyond this epoch."""
+    seen = 0
+
+    def counted() -> Iterator[tuple]:
+        nonlocal seen
+        try:
+            for block in blocks:
+                seen += len(block[0])
+                yield block
+        finally:
+            _close(blocks)
+
+    yield from skip(counted(), n)
+    if seen < n:
+        raise UsageError(f"resume state: 'delivered' is {n}, but the epoch holds only {seen}"
+                         " items: the state is not this pipeline's (or its data changed)")
 
 
 def drop_batches(blocks: Iterator[tuple], n: int) -> Iterator[tuple]:

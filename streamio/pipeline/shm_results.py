@@ -23,16 +23,23 @@ after the stage closes (an unlinked segment lives on while it is mapped).
 Ownership (so that nothing is left in ``/dev/shm`` whatever happens):
 
 - A child creates its result segments itself, because only it knows how large a result is; it
-  names each one after the task it first carries (``<prefix><child>-r<slot>-<task id>``), a
+  names each one as the task it first carries says (``<prefix><child>-r<slot>-<random>``), a
   name the parent chose and knows before the child can create it. It writes a result into the
   smallest of its free segments that fits, else creates one (replacing, that is unlinking, a
   free one that is too small, and saying so), and reports the segment's name with the result.
   A segment is free again when the parent says so with a later task: right after copying out of
   it, or once the consumer dropped the arrays lent from it.
 - The parent, at close, unlinks every segment a child may have left: every name reported and
-  the suggested name of every task still in flight (a child killed between creating a segment
-  and reporting it). Names that no longer exist are skipped. Mappings are never closed
-  explicitly (a lent array may still use one); they go with their last reference.
+  the suggested name of every task still in flight, or the name the child took instead where
+  that one was taken (a child killed between creating a segment and reporting it). Names that no longer exist, or that another user holds, are skipped.
+  Mappings are never closed explicitly (a lent array may still use one); they go with their
+  last reference.
+
+Names: ``/dev/shm`` is shared by every user, and a name there is claimed by whoever creates it
+first. Every segment's name ends in a fresh random part (:func:`new_segment_name`), so nobody
+can create the next one ahead of us; and a name that is taken anyway is not an error: creation
+(:func:`create_segment`) retries with fresh random names. A name someone else created is never
+attached or unlinked.
 """
 
 from __future__ import annotations
@@ -41,19 +48,22 @@ import collections
 import mmap
 import os
 import pickle
+import secrets
 import weakref
 from multiprocessing import shared_memory
 from typing import Any, Iterable, Optional
 
 import numpy as np
 
+from ..errors import MapError
+
 try:  # what multiprocessing.shared_memory itself uses on POSIX
     import _posixshmem
 except ImportError:  # pragma: no cover - not POSIX: results are copied out
     _posixshmem = None
 
-__all__ = ["LEASES", "OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach", "dump_results",
-           "release_segment"]
+__all__ = ["LEASES", "OUT_OF_BAND_MIN", "ChildResults", "ParentResults", "attach",
+           "create_segment", "dump_results", "new_segment_name", "release_segment"]
 
 #: Buffers at least this large go through shared memory; smaller ones stay in the pickle, where
 #: they cost less than the bookkeeping of a span.
@@ -65,6 +75,33 @@ _MIN_CAPACITY = 1 << 20
 #: Results of one map process lent to the consumer at a time (each holds one result segment);
 #: results read ahead, not yet handed to the consumer, are not counted.
 LEASES = 2
+#: Fresh names tried when a segment's name is taken (by another user: 64 random bits each,
+#: so a second collision means someone predicts our randomness, not bad luck).
+CREATE_ATTEMPTS = 16
+
+
+def segment_token() -> str:
+    """The random part of a segment name (64 bits)."""
+    return secrets.token_hex(8)
+
+
+def new_segment_name(stem: str) -> str:
+    """``stem`` and a fresh random part: a name nobody can create before us on purpose."""
+    return f"{stem}-{segment_token()}"
+
+
+def create_segment(name: str, size: int) -> shared_memory.SharedMemory:
+    """Create the segment ``name`` (from :func:`new_segment_name`), or, where another process
+    already holds that name, one named ``<name>-<fresh random part>`` (so whoever chose
+    ``name`` can still find it: :meth:`ParentResults.close`)."""
+    first = name
+    for _ in range(CREATE_ATTEMPTS):
+        try:
+            return shared_memory.SharedMemory(name, create=True, size=size)
+        except FileExistsError:
+            name = new_segment_name(first)
+    raise MapError(f"cannot create a shared-memory segment: {CREATE_ATTEMPTS} fresh random names"
+                   f" after {first} were all taken (does another process predict them?)")
 
 
 def dump_results(results: Any) -> tuple[bytes, list, list, int]:
@@ -129,7 +166,7 @@ class ChildResults:
             self.free.remove(name)
             segment = self.segments[name]
         else:
-            segment = shared_memory.SharedMemory(suggested, create=True, size=_capacity(total))
+            segment = create_segment(suggested, _capacity(total))
             name = segment.name
             if self.free:
                 # Replace a free segment that is too small rather than add one: the parent
@@ -231,13 +268,40 @@ class ParentResults:
     def close(self, leftovers: Iterable[str]) -> None:
         """Forget every mapping (a lent array keeps its own) and unlink every segment reported
         and every name in ``leftovers`` that exists (call once the children are gone)."""
-        names = self.names | set(leftovers)
+        leftovers = set(leftovers)
+        names = self.names | leftovers | _retried(leftovers)
         self.names = set()
         self.maps.clear()
         self.done.clear()
         for name in sorted(names):
+            if not _ours(name):
+                continue  # never created, already unlinked, or another user's (a taken name)
             try:
                 segment = shared_memory.SharedMemory(name)
             except FileNotFoundError:
-                continue  # never created, or already replaced and unlinked by its child
+                continue
             release_segment(segment)
+
+
+def _retried(suggested: set) -> set:
+    """The names a child may have created instead of ``suggested`` ones that were taken
+    (``<suggested>-<random>``: :func:`create_segment`), found in ``/dev/shm`` (Linux)."""
+    if not suggested or not os.path.isdir("/dev/shm"):
+        return set()
+    return {name for name in os.listdir("/dev/shm")
+            if name.rpartition("-")[0] in suggested}
+
+
+def _ours(name: str) -> bool:
+    """Whether the segment ``name`` exists and this user created it (a name a child was told to
+    use may have been taken by someone else: that one is not ours to unlink)."""
+    if _posixshmem is None:  # pragma: no cover - not POSIX
+        return True
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
+    except OSError:  # gone, or not readable by us: not ours either way
+        return False
+    try:
+        return os.fstat(fd).st_uid == os.geteuid()
+    finally:
+        os.close(fd)

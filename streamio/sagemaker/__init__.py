@@ -12,7 +12,9 @@
 
 * ``TrainingInputMode``: ``Pipe`` reads the FIFOs ``<name>_<epoch>`` (one per epoch, each
   ``iter()`` the next); ``File`` and ``FastFile`` read the files under ``<root>/input/data/<name>/``
-  (recursively, sorted, hidden files skipped). The same records come out either way.
+  (recursively, sorted, hidden files skipped; links followed, but each file and directory
+  visited once, so a link loop ends; index files beside shards are left to the byte-range
+  planner, not read as records). The same records come out either way.
 * ``ContentType`` picks the format and the decoder (:data:`CONTENT_TYPES`); explicit ``format=``
   and ``decoder=`` arguments win.
 * ``CompressionType: Gzip``: gzip is recognised by its magic bytes (SageMaker documents that it
@@ -23,7 +25,8 @@
   types keep one record per object.
 * Augmented manifests (``AttributeNames``, Pipe mode with RecordIO wrapping): each JSON line's
   attributes arrive as consecutive records; they are regrouped into one record per line, and
-  :class:`AugmentedManifest` decodes a batch into a dict keyed by attribute name.
+  :class:`AugmentedManifest` decodes a batch into a dict keyed by attribute name (with
+  ``decoder=None``, each item is its line's ``{attribute: bytes}``).
 * ``S3DistributionType``: ``FullyReplicated`` means every host receives all of the data, so the
   Dataset keeps this host's share (``shard(num_hosts, host_index)``); ``ShardedByS3Key`` means the
   host already holds only its share. Either way ``to_torch()`` then splits the host's share over
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -50,8 +54,8 @@ from ..formats.whole_object import WholeObjectFramer  # format "object", registe
 from ..pipeline import Dataset
 from ..sources import PipeChannel
 from .config import (SAGEMAKER_ROOT, ChannelConfig, ConfigError, ResourceConfig, channels,
-                     resources)
-from .wrapping import WrappedPipeChannel, split_manifest_record
+                     check_channel_name, resources)
+from .wrapping import ManifestAttributes, WrappedPipeChannel, split_manifest_record
 
 _NOT_GIVEN: Any = object()
 
@@ -223,16 +227,57 @@ def _local_rank(num_hosts: int) -> Optional[tuple]:
     return None
 
 
+def _walk_files(root: str) -> list:
+    """The files under ``root``, following symbolic links, each file and directory once (by
+    device and inode: a link back up the tree, ``x -> .``, is not walked again), hidden names
+    skipped, in the order of their path components. Time and memory grow with the distinct
+    files and directories, whatever the links."""
+    found: list = []
+    seen: set = set()  # (device, inode) of every directory and file met
+    pending = [root]  # a stack of paths still to look at, the next one last
+    while pending:
+        path = pending.pop()
+        try:
+            st = os.stat(path)
+        except OSError:  # a dangling link: listed, so that opening it says what is wrong
+            found.append(path)
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            continue
+        seen.add(key)
+        if not stat.S_ISDIR(st.st_mode):
+            found.append(path)
+            continue
+        try:
+            names = sorted((n for n in os.listdir(path) if not n.startswith(".")), reverse=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot list {path}: {exc.strerror}") from exc
+        pending.extend(os.path.join(path, n) for n in names)
+    return found
+
+
+def _without_indexes(paths: list) -> list:
+    """``paths`` less the record indexes of other files among them (``x.tfrecord.index``,
+    ``x.rec.idx``, MXNet's ``x.idx`` beside ``x.rec``: what ``streamio index`` and ``streamio
+    pack --index`` write). They are not records; the byte-range planner finds them beside
+    their files by itself."""
+    listed = set(paths)
+    indexes = set()
+    for path in paths:
+        stem = os.path.splitext(path)[0]
+        for candidate in (path + ".index", path + ".idx", stem + ".idx", stem + ".index"):
+            if candidate != path and candidate in listed:
+                indexes.add(candidate)
+    return [p for p in paths if p not in indexes]
+
+
 def _files(config: ChannelConfig) -> list:
     root = config.data_path
     if not os.path.isdir(root):
         raise ConfigError(f"channel {config.name!r} ({config.input_mode} mode) has no directory"
                           f" {root}", path=config.source, key=config.name)
-    found = []
-    for folder, dirs, names in os.walk(root, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found.extend(os.path.join(folder, n) for n in names if not n.startswith("."))
-    found.sort(key=lambda p: os.path.relpath(p, root).split(os.sep))
+    found = _without_indexes(_walk_files(root))
     if not found:
         raise ConfigError(f"channel {config.name!r} holds no files under {root}",
                           path=config.source, key=config.name)
@@ -264,13 +309,15 @@ def channel(name: str, decoder: Any = _NOT_GIVEN, *, format: Optional[str] = Non
 
     ``decoder``: default from the channel's ContentType (RecordIO-protobuf ->
     ``RecordIOProtobuf()``, CSV -> ``Csv(label_column=0)``, an augmented manifest ->
-    :class:`AugmentedManifest`); ``None`` gives raw records. ``format``: overrides the
+    :class:`AugmentedManifest`); ``None`` gives raw records (an augmented manifest's: a dict
+    ``{attribute name: bytes}`` per JSON line). ``format``: overrides the
     ContentType's. ``root``: the directory that stands for ``/opt/ml`` (then only its files are
     read; pass ``env`` to consult variables too). ``attribute_names``: the augmented manifest's
     attributes where the configuration does not list them. ``open_timeout``/``read_timeout``:
     for Pipe mode's FIFOs (defaults: :class:`~streamio.PipeChannel`'s). Other keywords go to the
     reader (``on_error``, ``max_record_size``, ...). See the module docstring for every setting.
     """
+    check_channel_name(name)
     configs = channels(root=root, env=env)
     if name not in configs:
         known = ", ".join(sorted(configs)) or "none"
@@ -323,6 +370,10 @@ def channel(name: str, decoder: Any = _NOT_GIVEN, *, format: Optional[str] = Non
     chosen = default if decoder is _NOT_GIVEN else decoder
     ds = ChannelDataset(source, fmt, decoder=chosen, **options)
     ds._sm_hosts = hosts.num_hosts
+    if fmt == "sagemaker-manifest" and chosen is None:
+        # Raw manifest records are streamio's own length-prefixed grouping: hand out each
+        # line's attributes by name instead.
+        ds = ds.map(ManifestAttributes(attributes))
     if config.distribution == "FullyReplicated" and hosts.num_hosts > 1:
         ds = ds.shard(hosts.num_hosts, hosts.host_index)
     return ds

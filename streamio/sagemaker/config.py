@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -33,6 +34,9 @@ INPUT_MODES = ("File", "FastFile", "Pipe")
 DISTRIBUTIONS = ("FullyReplicated", "ShardedByS3Key")
 WRAPPERS = ("None", "RecordIO")
 COMPRESSIONS = ("None", "Gzip")
+#: SageMaker's ChannelName pattern (CreateTrainingJob: ``[A-Za-z0-9\.\-_]+``, 1-64 characters).
+#: The name becomes a path under ``input/data``, so nothing else may pass (``../../etc``).
+CHANNEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 class ConfigError(UsageError):
@@ -119,8 +123,19 @@ def _choice(entry: Mapping, key: str, choices: tuple, default: str, where: str, 
     return value
 
 
+def check_channel_name(name: Any, where: Optional[str] = None) -> str:
+    """``name`` if it is a channel name SageMaker accepts (and not ``.`` or ``..``, which it
+    does not produce and which would leave ``input/data``), else a :class:`ConfigError`."""
+    if (not isinstance(name, str) or not CHANNEL_NAME.fullmatch(name)
+            or name.strip(".") == ""):
+        raise ConfigError(f"{name!r} is not a SageMaker channel name (1-64 letters, digits,"
+                          " '.', '-', '_')", path=where, key=str(name))
+    return name
+
+
 def _channel(name: str, entry: Any, where: str, data_root: str, env: Mapping[str, str]
              ) -> ChannelConfig:
+    check_channel_name(name, where)
     if not isinstance(entry, Mapping):
         raise ConfigError(f"channel {name!r} must be a JSON object, not {type(entry).__name__}",
                           path=where, key=name)
@@ -212,6 +227,11 @@ def resources(*, root: Optional[str] = None,
     if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) for h in hosts):
         raise ConfigError("hosts must be a non-empty list of host names", path=where,
                           key="hosts")
+    repeated = sorted({h for h in hosts if hosts.count(h) > 1})
+    if repeated:
+        # A host named twice would take two shares' positions and read only one of them.
+        raise ConfigError(f"hosts names {', '.join(map(repr, repeated))} more than once",
+                          path=where, key="hosts")
     if current is None:
         current = hosts[0]
     if current not in hosts:
@@ -220,5 +240,5 @@ def resources(*, root: Optional[str] = None,
     return ResourceConfig(current_host=current, hosts=tuple(hosts))
 
 
-__all__ = ["ChannelConfig", "ConfigError", "ResourceConfig", "SAGEMAKER_ROOT", "channels",
-           "resources"]
+__all__ = ["CHANNEL_NAME", "ChannelConfig", "ConfigError", "ResourceConfig", "SAGEMAKER_ROOT",
+           "channels", "check_channel_name", "resources"]

@@ -33,7 +33,7 @@ from typing import Optional, Sequence, TextIO
 
 from ..errors import SourceError, UsageError
 from ..formats.recordio import LENGTH_MASK, MAGIC
-from .config import DISTRIBUTIONS, INPUT_MODES
+from .config import DISTRIBUTIONS, INPUT_MODES, check_channel_name
 
 #: Guessed ContentType by file name (after any ``.gz``) when none is given.
 _TYPES_BY_SUFFIX = {
@@ -125,6 +125,7 @@ class Emulator:
         if not 0 <= host_index < hosts:
             raise UsageError(f"host_index must be in [0, {hosts}), not {host_index}")
         for ch in channels:
+            check_channel_name(ch.name)  # a path under input/data, removed and rewritten there
             if ch.distribution not in DISTRIBUTIONS:
                 raise UsageError(f"channel {ch.name}: distribution must be one of"
                                  f" {', '.join(DISTRIBUTIONS)}")

@@ -18,8 +18,8 @@ from typing import Optional
 
 # The sans-IO parts live with the other framers (and register their formats there); they are
 # re-exported here, where they were first importable from.
-from ..formats.sagemaker_wrapping import (ManifestGroupFramer, RecordIOUnwrapper,
-                                          split_manifest_record)
+from ..formats.sagemaker_wrapping import (ManifestAttributes, ManifestGroupFramer,
+                                          RecordIOUnwrapper, split_manifest_record)
 from ..sources import ByteSource, PipeChannel
 from ..sources.local import FileSource
 
@@ -90,5 +90,5 @@ class WrappedPipeChannel(PipeChannel):
         return f"WrappedPipeChannel({self.path_prefix!r}, next epoch {self.epoch})"
 
 
-__all__ = ["ManifestGroupFramer", "RecordIOUnwrapper", "UnwrappedSource", "WrappedPipeChannel",
-           "split_manifest_record"]
+__all__ = ["ManifestAttributes", "ManifestGroupFramer", "RecordIOUnwrapper", "UnwrappedSource",
+           "WrappedPipeChannel", "split_manifest_record"]

@@ -12,8 +12,9 @@ a manifest of ``path,label`` rows, and writes shards of about ``shard_size`` byt
 
 The plan (which file goes to which shard) is made first, from the sorted (or seeded-shuffled)
 file list and the files' sizes, so it is the same on every run: a shard is written under a
-temporary name and renamed when whole, and a re-run skips the shards that exist (an interrupted
-pack resumes). Files are read ``jobs`` at a time with a bounded look-ahead; nothing holds more
+temporary name and renamed when whole, and a re-run of the same plan skips the shards that exist
+(an interrupted pack resumes); shards of a different earlier run under the same prefix are refused
+(``replace=True`` removes them), never mixed in. Files are read ``jobs`` at a time with a bounded look-ahead; nothing holds more
 than a few files' bytes. A file that cannot be read is reported, then skipped or fatal
 (``on_error``), never dropped silently. ``index=True`` writes beside each shard an index of
 ``offset length`` lines per record (DALI's and the ``tfrecord`` package's format; offsets in the
@@ -39,6 +40,7 @@ from ..decoders import encode_example
 from ..errors import StreamioError, UsageError
 from ..formats import encode_recordio, encode_tfrecord
 from .index import index_path, write_index_file
+from .pack_checks import check_inside, claim_prefix, create_temp, image_problem, printable
 
 #: 64 MB: inside the 1-128 MB range that keeps per-request costs small on network storage while
 #: a shard still streams in about a second.
@@ -146,6 +148,7 @@ class _Item:
     label: int
     size: int
     id: int
+    mtime_ns: int = 0
 
 
 def _walk_folders(src: str, extensions: Optional[Sequence[str]]) -> tuple:
@@ -168,17 +171,20 @@ def _walk_folders(src: str, extensions: Optional[Sequence[str]]) -> tuple:
     return classes, found
 
 
-def _read_manifest(manifest: str, src: str) -> tuple:
+def _read_manifest(manifest: str, src: str, allow_outside: bool = False) -> tuple:
     """``path,label`` rows (CSV with or without a header) or JSON lines ``{"path", "label"}``;
-    paths relative to ``src``; string labels become indices of their sorted set."""
+    paths relative to ``src`` (and inside it unless ``allow_outside``); string labels become
+    indices of their sorted set. Bytes that are not UTF-8 stand for themselves (file names)."""
     rows = []
-    with open(manifest, newline="", encoding="utf-8") as f:
+    numbers = []
+    with open(manifest, newline="", encoding="utf-8", errors="surrogateescape") as f:
         if manifest.endswith((".jsonl", ".json")):
             for number, line in enumerate(f, 1):
                 if line.strip():
                     try:
                         entry = json.loads(line)
                         rows.append((entry["path"], entry["label"]))
+                        numbers.append(number)
                     except (ValueError, KeyError, TypeError):
                         raise UsageError(f"{manifest} line {number}: expected"
                                          ' {"path": ..., "label": ...}') from None
@@ -189,6 +195,12 @@ def _read_manifest(manifest: str, src: str) -> tuple:
                 if len(row) < 2:
                     raise UsageError(f"{manifest} line {number}: expected path,label")
                 rows.append((row[0], row[1]))
+                numbers.append(number)
+    for (path, _), number in zip(rows, numbers):
+        if not isinstance(path, str):
+            raise UsageError(f"{manifest} line {number}: the path must be a string")
+        if not allow_outside:
+            check_inside(path, manifest, number)
     labels = [label for _, label in rows]
     numeric = all(isinstance(x, int) or (isinstance(x, str) and x.strip().lstrip("-").isdigit())
                   for x in labels)
@@ -225,8 +237,9 @@ def _payload_key(rel: str) -> str:
 
 def _encode(item: _Item, data: bytes, format: str) -> bytes:
     if format == "tfrecord":
+        # os.fsencode: the name's own bytes, also where they are not UTF-8.
         example = encode_example({_payload_key(item.rel): data, "label": item.label,
-                                  "filename": item.rel.encode("utf-8")})
+                                  "filename": os.fsencode(item.rel)})
         return encode_tfrecord(example)
     header = _IR_HEADER.pack(0, float(item.label), item.id, 0)
     return encode_recordio(header + data)
@@ -295,7 +308,8 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
          shuffle: bool = False, seed: Optional[int] = None, jobs: int = DEFAULT_JOBS,
          index: bool = False, on_error: str = "raise",
          extensions: Optional[Sequence[str]] = None,
-         progress: Optional[bool] = None) -> PackResult:
+         progress: Optional[bool] = None, replace: bool = False,
+         allow_outside_src: bool = False) -> PackResult:
     """Pack the files under ``src`` into shards ``<out_prefix>-NNNNN.tfrecord`` (or ``.rec``).
 
     ``labels="folders"``: ImageFolder (labels from the sorted class folder names); or pass
@@ -304,7 +318,12 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
     re-run makes the same plan). ``jobs``: files read at once. ``index``: write record indexes.
     ``on_error``: ``"raise"`` (a :class:`PackError` naming the file) or ``"skip"`` (reported in
     the result and on stderr). ``progress``: a status line on stderr (default: when stderr is a
-    terminal). Returns a :class:`PackResult`; see the module docstring for the record layout.
+    terminal). ``replace``: remove the shards (and indexes) an earlier, different run left
+    under ``out_prefix`` instead of refusing to mix with them (a re-run of the same plan, an
+    interrupted pack, resumes without it). ``allow_outside_src``: pack manifest entries that
+    lie outside ``src`` (absolute paths, ``..``). Image files whose header does not read, or
+    that are cut short, are bad files for ``on_error``. Returns a :class:`PackResult`; see the
+    module docstring for the record layout.
     """
     if format not in _SUFFIX:
         raise UsageError(f"format must be 'tfrecord' or 'recordio', not {format!r}")
@@ -322,7 +341,7 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
         raise UsageError(f"not a directory: {src}")
     started = time.monotonic()
     if manifest is not None:
-        classes, found = _read_manifest(manifest, src)
+        classes, found = _read_manifest(manifest, src, allow_outside_src)
     elif labels == "folders":
         classes, found = _walk_folders(src, extensions)
     else:
@@ -331,26 +350,29 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
     skipped = []
     for i, (path, rel, label) in enumerate(found):
         try:
-            size = os.stat(path).st_size
+            st = os.stat(path)
         except OSError as exc:
             if on_error == "raise":
                 raise PackError(f"cannot read ({exc.strerror})", path=path) from exc
             skipped.append((path, exc.strerror))
             continue
-        items.append(_Item(path, rel, label, size, i))
+        items.append(_Item(path, rel, label, st.st_size, i, st.st_mtime_ns))
     if shuffle:
         random.Random(seed).shuffle(items)
     plan = _plan(items, shard_size)
     out_dir = os.path.dirname(os.path.abspath(out_prefix))
     os.makedirs(out_dir, exist_ok=True)
     suffix = _SUFFIX[format] + (".gz" if compression else "")
+    record_plan = claim_prefix(out_prefix, plan, [f"{out_prefix}-{n:05d}{suffix}" for n in range(len(plan))],
+                 {"format": format, "compression": compression, "index": index,
+                  "on_error": on_error}, replace=replace)
     total_bytes = sum(item.size for item in items)
     show = sys.stderr.isatty() if progress is None else progress
     bar = _Progress(len(items), total_bytes, sys.stderr if show else None)
     result = PackResult(classes=classes, format=format, skipped=skipped,
                         payload_keys=sorted({_payload_key(item.rel) for item in items}))
     for path, reason in skipped:
-        print(f"streamio pack: skipped {path}: {reason}", file=sys.stderr)
+        print(f"streamio pack: skipped {printable(path)}: {reason}", file=sys.stderr)
     done_files = done_bytes = 0
     for number, shard in enumerate(plan):
         path = f"{out_prefix}-{number:05d}{suffix}"
@@ -363,6 +385,9 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
             result.bytes += os.stat(path).st_size  # a whole shard an earlier run wrote
             bar.update(done_files, done_bytes)
             continue
+        if record_plan is not None:
+            record_plan()  # before the first shard: shards on disk always have their plan
+            record_plan = None
         written = _write_shard(path, shard, format, compression, jobs, index, on_error, result,
                                lambda n, b: bar.update(done_files + n, done_bytes + b))
         done_files += len(shard)
@@ -377,46 +402,49 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
 def _write_shard(path: str, shard: list, format: str, compression: Optional[str], jobs: int,
                  index: bool, on_error: str, result: PackResult, report) -> int:
     """Write one shard under a temporary name, then rename it (and its index) into place."""
-    tmp = path + ".tmp"
     compressor = zlib.compressobj(6, zlib.DEFLATED, 31) if compression else None
     offsets: list = []
     position = written = 0
     files = nbytes = 0
-    try:
-        with open(tmp, "wb") as f:
-            for item, data in _read_all(shard, jobs):
-                if isinstance(data, OSError):
-                    if on_error == "raise":
-                        raise PackError(f"cannot read ({data.strerror})", path=item.path) from data
-                    result.skipped.append((item.path, data.strerror))
-                    print(f"streamio pack: skipped {item.path}: {data.strerror}",
-                          file=sys.stderr)
-                    continue
-                frame = _encode(item, data, format)
-                offsets.append((item.id, position, len(frame)))
-                position += len(frame)
-                out = compressor.compress(frame) if compressor else frame
-                f.write(out)
-                written += len(out)
-                files += 1
-                nbytes += item.size
-                result.files += 1
-                report(files, nbytes)
-            if compressor:
-                tail = compressor.flush()
-                f.write(tail)
-                written += len(tail)
+    with create_temp(path) as f:
+        for item, data in _read_all(shard, jobs):
+            problem = _bad_file(item, data)
+            if problem is not None:
+                if on_error == "raise":
+                    raise PackError(problem, path=printable(item.path)) from (
+                        data if isinstance(data, OSError) else None)
+                result.skipped.append((item.path, problem))
+                print(f"streamio pack: skipped {printable(item.path)}: {problem}",
+                      file=sys.stderr)
+                continue
+            frame = _encode(item, data, format)
+            offsets.append((item.id, position, len(frame)))
+            position += len(frame)
+            out = compressor.compress(frame) if compressor else frame
+            f.write(out)
+            written += len(out)
+            files += 1
+            nbytes += item.size
+            result.files += 1
+            report(files, nbytes)
+        if compressor:
+            tail = compressor.flush()
+            f.write(tail)
+            written += len(tail)
         if index:
-            _write_index(path, offsets, format)
-        os.replace(tmp, path)
-        return written
-    except BaseException:
-        for leftover in (tmp, _index_path(path, format) + ".tmp"):
-            try:
-                os.unlink(leftover)
-            except FileNotFoundError:
-                pass
-        raise
+            _write_index(path, offsets, format)  # renamed into place before the shard
+    return written
+
+
+def _bad_file(item: _Item, data) -> Optional[str]:
+    """Why a file cannot be packed (unreadable; an image that will not decode), or None."""
+    if isinstance(data, OSError):
+        return f"cannot read ({data.strerror})"
+    if _payload_key(item.rel) == "image/encoded":
+        problem = image_problem(data)
+        if problem is not None:
+            return f"bad image: {problem}"
+    return None
 
 
 def _index_path(shard: str, format: str) -> str:
@@ -458,7 +486,13 @@ def add_cli(sub) -> None:
     p.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="files read at once")
     p.add_argument("--index", action="store_true", help="write a record index per shard")
     p.add_argument("--on-error", default="raise", choices=("raise", "skip"),
-                   help="an unreadable file fails the run, or is reported and skipped")
+                   help="an unreadable file (or an image that will not decode) fails the run,"
+                        " or is reported and skipped")
+    p.add_argument("--replace", action="store_true",
+                   help="remove the shards and indexes an earlier, different run left under"
+                        " OUT_PREFIX (without it such a run is refused, never mixed in)")
+    p.add_argument("--allow-outside-src", action="store_true",
+                   help="pack manifest entries outside SRC_DIR (absolute paths, '..')")
     p.set_defaults(func=cmd_pack)
 
 
@@ -466,19 +500,23 @@ def cmd_pack(args) -> int:
     result = pack(args.src, args.out_prefix, format=args.format,
                   shard_size=_size(args.shard_size), labels=args.labels, manifest=args.manifest,
                   compression=args.compression, shuffle=args.shuffle, seed=args.seed,
-                  jobs=args.jobs, index=args.index, on_error=args.on_error)
+                  jobs=args.jobs, index=args.index, on_error=args.on_error,
+                  replace=args.replace, allow_outside_src=args.allow_outside_src)
     rate = result.bytes / result.seconds / 1e6 if result.seconds > 0 else 0.0
     print(f"packed {result.files} files into {len(result.shards)} shards"
           f" ({result.bytes / 1e6:,.1f} MB, {result.files / max(result.seconds, 1e-9):,.0f}"
           f" files/s, {rate:,.1f} MB/s"
-          + (f"; {result.resumed_shards} shards already there" if result.resumed_shards else "")
+          + (f"; {result.resumed_shards} shards of the same plan already there"
+             if result.resumed_shards else "")
           + ")")
     if result.classes:
-        shown = ", ".join(f"{i}={name}" for i, name in enumerate(result.classes[:10]))
+        shown = ", ".join(f"{i}={printable(str(name))}"
+                          for i, name in enumerate(result.classes[:10]))
         print(f"classes: {shown}" + (" ..." if len(result.classes) > 10 else ""))
     if result.skipped:
-        print(f"skipped {len(result.skipped)} unreadable files (listed on stderr)")
-    print(f"read them with: {result.dataset_line()}")
+        print(f"skipped {len(result.skipped)} files: unreadable, or images that will not"
+              " decode (listed on stderr)")
+    print(f"read them with: {printable(result.dataset_line())}")
     return 0
 
 

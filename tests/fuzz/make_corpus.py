@@ -403,6 +403,21 @@ def shared_wire_seeds(rng: random.Random) -> List[bytes]:
     seeds.append(T.encode_shared_wire(W.encode_error(SourceError("gone", source="b"))))
     evil = b"cos\nsystem\n(S'id'\ntR."
     seeds.append(T.encode_shared_wire(W.HEADER.pack(W.ERROR, 0, len(evil)) + evil))
+def resume_state_seeds(rng: random.Random) -> List[bytes]:
+    """States the fuzzed pipeline took at several points of several epochs, and a few near
+    misses (a changed seed, a count past the end, a string where a number belongs)."""
+    ds = T._resume_pipeline()
+    seeds = []
+    for epoch, taken in ((0, 0), (0, 3), (1, 5), (4, 8)):
+        it = iter(ds.with_context(epoch=epoch))
+        for _ in range(taken):
+            next(it)
+        state = it.state_dict()
+        it.close()
+        seeds.append(T.encode_resume_state(state))
+    seeds.append(T.encode_resume_state({**state, "seeds": [2, None, 2]}))
+    seeds.append(T.encode_resume_state({**state, "delivered": 10 ** 6}))
+    seeds.append(T.encode_resume_state({**state, "epoch": "1", "finished": "no"}))
     return seeds
 
 
@@ -420,6 +435,7 @@ SEEDS = {
     "resample": resample_seeds,
     "parse_index": parse_index_seeds,
     "shared_wire": shared_wire_seeds,
+    "resume_state": resume_state_seeds,
 }
 
 

@@ -20,6 +20,7 @@ rules, and ``fuzz.py`` always instruments its modules for coverage. ``tests/test
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import struct
@@ -696,6 +697,59 @@ def run_shared_wire(ck: ModuleType, data: bytes) -> None:
             expect_equal("events", cut[0], whole[0])
     else:
         _client_view(stream)
+# --- pure-Python parsers of hostile bytes: resume states ----------------------------------------
+
+_RESUME: dict = {}
+
+
+def _resume_pipeline() -> Any:
+    """A small pipeline with fixed seeds (a state's check is then the same in every process)."""
+    if "ds" not in _RESUME:
+        import streamio
+
+        records = [streamio.encode_example({"x": i}) for i in range(23)]
+        from streamio.formats import encode_tfrecord
+
+        data = b"".join(encode_tfrecord(r) for r in records)
+        _RESUME["ds"] = streamio.Dataset(data, "tfrecord").shuffle(5, seed=1).batch(3) \
+            .shuffle_batches(2, seed=2)
+        _RESUME["epochs"] = {}
+    return _RESUME["ds"]
+
+
+def encode_resume_state(state: Any) -> bytes:
+    """Input: the state as JSON text, as a checkpoint file or a DataLoader state holds it."""
+    return json.dumps(state).encode("utf-8")
+
+
+def run_resume_state(ck: ModuleType, data: bytes) -> None:
+    """A resume state parsed from a checkpoint's bytes (no kernel: ``ck`` is unused): the
+    pipeline resumes exactly the epoch the state names from the item it names, or refuses with
+    a streamio usage error; never another exception, never different items."""
+    from streamio.errors import UsageError, UsageTypeError
+
+    try:
+        state = json.loads(data.decode("utf-8"))
+    except ValueError:
+        return  # not JSON: the adapters say so before a state is looked at
+    ds = _resume_pipeline()
+    try:
+        got = list(ds.iter_from(state))
+    except (UsageError, UsageTypeError):
+        return
+    if state["finished"]:
+        expect_equal("items of a finished epoch", got, [])
+        return
+    epochs = _RESUME["epochs"]
+    epoch = state["epoch"]
+    if epoch not in epochs:
+        if len(epochs) > 64:
+            epochs.clear()
+        epochs[epoch] = list(ds.with_context(epoch=epoch))
+    if state["delivered"] > len(epochs[epoch]):
+        raise Mismatch(f"a state past the end of its epoch ({state['delivered']} of"
+                       f" {len(epochs[epoch])} items) was accepted")
+    expect_equal("resumed items", got, epochs[epoch][state["delivered"]:])
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -743,6 +797,8 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
     Target("parse_index", (), run_parse_index, ("streamio.formats.index_file",)),
     # No kernel: a parser of bytes another process writes (always instrumented for coverage).
     Target("shared_wire", (), run_shared_wire, ("streamio.adapters._shared_wire",)),
+    # No kernel: a checkpoint's resume state (JSON a restarted job reads back).
+    Target("resume_state", (), run_resume_state, ("streamio.pipeline.resume",)),
 ]}
 
 
