@@ -268,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--section", choices=sorted(SECTIONS), help=argparse.SUPPRESS)
     p.add_argument("--only", action="append", choices=sorted(SECTIONS),
                    help="run only these sections (repeatable)")
+    p.add_argument("--total", type=float, default=None,
+                   help="seconds for all sections together (default: %d; the GPU machine's"
+                        " lease may leave less): each section's budget shrinks in proportion"
+                        % TOTAL)
     args = p.parse_args(argv)
     if args.section:
         SECTIONS[args.section](args.dry_run)
@@ -278,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     budget = DRY_BUDGET if args.dry_run else BUDGET
     t0 = time.monotonic()
     total = DRY_TOTAL if args.dry_run else TOTAL
+    if args.total is not None:
+        scale = min(1.0, args.total / total)
+        budget = {name: max(10.0, seconds * scale) for name, seconds in budget.items()}
+        total = args.total
     for name in SECTIONS:
         if args.only and name not in args.only:
             continue
