@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> list:
 
     rng = np.random.default_rng(0)
     tmp = args.tmpdir or tempfile.mkdtemp(prefix="streamio-bench-ray-")
+    os.makedirs(tmp, exist_ok=True)
     files = [os.path.join(tmp, f"ex-{i:02d}.tfrecord") for i in range(args.files)]
     for path in files:
         if not os.path.exists(path):
