@@ -72,3 +72,24 @@ def test_compressed_and_stream_sources_are_whole(tmp_path):
 def test_bad_part_count():
     with pytest.raises(UsageError):
         plan_parts(Dataset(b"", "tfrecord"), 0)
+
+
+@pytest.mark.parametrize("n", [2, 7, 60, 99, 150])
+def test_truncated_last_record_is_reported_by_a_range(tmp_path, n):
+    """A file cut inside its last record: one byte-range reader reports the truncation (the
+    reader that would start at that sound header used to skip it: silent loss)."""
+    from streamio import TruncatedStreamError
+
+    path = _write(tmp_path / "t.tfrecord", range(100))
+    data = open(path, "rb").read()
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(data[:len(data) - 5])
+    errors, records = 0, 0
+    for part in plan_parts(Dataset(str(cut), "tfrecord"), n):
+        try:
+            for _ in part.dataset:
+                records += 1  # every whole record before the fault is delivered
+        except TruncatedStreamError as exc:
+            assert exc.offset is not None
+            errors += 1
+    assert errors == 1 and records == 99

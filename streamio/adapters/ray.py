@@ -208,12 +208,16 @@ def _portable(source: Any) -> Any:
     if isinstance(source, ByteSource):
         raise UsageError(f"{source.name} is an open ByteSource: a Ray read task runs in another"
                          " process and cannot use it; pass its path or URL")
-    if isinstance(source, (str, os.PathLike, bytes, bytearray, memoryview, PipeChannel)):
-        if not (isinstance(source, str) and source == "-"):
-            return source
+    if isinstance(source, (str, os.PathLike)) and os.fspath(source) != "-":
+        text = os.fspath(source)
+        # A task's working directory is not the driver's: a relative path becomes absolute here.
+        return text if isinstance(text, bytes) or "://" in text else os.path.abspath(text)
+    if isinstance(source, (bytes, bytearray, memoryview, PipeChannel)):
+        return source
+    if isinstance(source, str):  # "-"
         fd = 0
         name = "<stdin>"
-    else:
+    else:  # a file object
         name = getattr(source, "name", repr(source))
         try:
             fd = source.fileno()

@@ -105,6 +105,27 @@ def test_fifo_fed_by_another_process(tmp_path, fifo):
     assert ids_of(ds) == list(range(4000))
 
 
+def test_pipe_file_object_read_by_a_task(tmp_path):
+    """A pipe the driver holds (stdin works the same way): the task opens /proc/<pid>/fd/<n>."""
+    path = tmp_path / "p.tfrecord"
+    write_records(path, "tfrecord", examples(range(3000)))
+    read_end, write_end = os.pipe()
+    writer = subprocess.Popen([sys.executable, "-c",
+                               "import sys, shutil; shutil.copyfileobj(open(sys.argv[1], 'rb'),"
+                               " open(int(sys.argv[2]), 'wb'))", str(path), str(write_end)],
+                              pass_fds=(write_end,))
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as pipe:
+            source = sray.Datasource(pipe, "tfrecord", decoder=DECODER)
+            assert source.supports_distributed_reads is False
+            assert ids_of(ray.data.read_datasource(source)) == list(range(3000))
+    finally:
+        writer.wait(60)
+    with open(path, "rb") as regular, pytest.raises(streamio.UsageError, match="its path"):
+        sray.read(regular, "tfrecord")
+
+
 def test_iter_torch_batches_and_stages(tmp_path):
     torch = pytest.importorskip("torch")
     write_records(tmp_path / "t.tfrecord", "tfrecord", examples(range(2000)))
