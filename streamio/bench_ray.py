@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> list:
     rng = np.random.default_rng(0)
     tmp = args.tmpdir or tempfile.mkdtemp(prefix="streamio-bench-ray-")
     os.makedirs(tmp, exist_ok=True)
-    files = [os.path.join(tmp, f"ex-{i:02d}.tfrecord") for i in range(args.files)]
+    files = [os.path.join(tmp, f"ex-{args.records}-{i:02d}.tfrecord") for i in range(args.files)]
     for path in files:
         if not os.path.exists(path):
             _write_examples(path, args.records, rng)
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> list:
                     label += f", {blk} rows/block"
                 rows.append((label, n, rate, rate / inproc))
         # Ray's own reader on a prefix of the same records (it is ~1000x slower).
-        peer = os.path.join(tmp, "peer.tfrecord")
+        peer = os.path.join(tmp, f"peer-{args.records}-{args.peer_records}.tfrecord")
         if not os.path.exists(peer):
             write_records(peer, "tfrecord", streamio.read_records(files[0], "tfrecord")
                           if args.peer_records >= args.records else
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> list:
         else:
             rows.append(("read_tfrecords + tfx-bsl: not installed", 0, 0.0, 0.0))
         # 100 KB records, raw (MB/s in the label).
-        large = os.path.join(tmp, "large.tfrecord")
+        large = os.path.join(tmp, f"large-{args.large}.tfrecord")
         if not os.path.exists(large):
             block = rng.integers(0, 256, 100_000 + 4096, dtype=np.uint8).tobytes()
             write_records(large, "tfrecord", (block[i * 97 % 4096:i * 97 % 4096 + 100_000]
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> list:
         n, rate = _rate(lambda: _count_batches(ds, 64, "record"))
         rows.append(("100 KB records, streamio.ray.read, batch 64", n, rate, rate / big_in))
         # RecordIO-protobuf: no Ray reader exists.
-        rio = os.path.join(tmp, "dense.rec")
+        rio = os.path.join(tmp, f"dense-{args.recordio}.rec")
         if not os.path.exists(rio):
             payloads, _, _ = recordio_protobuf_payloads(args.recordio, rng)
             write_records(rio, "recordio", (row.tobytes() for row in payloads),

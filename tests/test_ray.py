@@ -107,3 +107,12 @@ def test_import_streamio_does_not_import_ray():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def test_without_ray_the_error_names_the_extra():
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "try:\n    import streamio.ray\nexcept ImportError as exc:\n"
+            "    print(type(exc).__name__, exc)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert "MissingDependencyError" in out.stdout and "streamio[ray]" in out.stdout, out.stderr

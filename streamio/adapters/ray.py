@@ -80,7 +80,7 @@ MAX_BLOCK_ROWS = 65536
 #: ``read()`` without ``parallelism``: one read task per this many bytes (and at least one per
 #: CPU). Ray's own default asks for 200 tasks, which cut 10 files of 35 MB into 200 ranges of
 #: 1.8 MB: task start-up then costs more than the reading.
-TASK_BYTES = 32 << 20
+TASK_BYTES = 512 << 20
 _SUFFIX = {"tfrecord": ".tfrecord", "recordio": ".rec"}
 _COMPRESSED_SUFFIX = {None: "", "gzip": ".gz", "zlib": ".zz", "zstd": ".zst"}
 
