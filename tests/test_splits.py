@@ -93,3 +93,19 @@ def test_truncated_last_record_is_reported_by_a_range(tmp_path, n):
             assert exc.offset is not None
             errors += 1
     assert errors == 1 and records == 99
+
+
+def test_csv_with_header_split_by_range(tmp_path):
+    """CSV with the existing promise (no quoted line breaks): byte ranges, each part primed with
+    the header read apart; every row once."""
+    from streamio import Csv
+
+    path = tmp_path / "rows.csv"
+    path.write_text("id,value\n" + "".join(f"{i},{i * 0.5}\n" for i in range(5000)))
+    ds = Dataset(str(path), "csv", decoder=Csv(header=True), csv_quoted_newlines=False)
+    parts = plan_parts(ds, 4)
+    assert len(parts) == 4
+    ids = sorted(int(v) for p in parts for b in p.dataset.batch(512) for v in b["features"][:, 0])
+    assert ids == list(range(5000))
+    quoted = plan_parts(Dataset(str(path), "csv", decoder=Csv(header=True)), 4)
+    assert len(quoted) == 1  # rows may quote line breaks: one whole part
