@@ -23,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent / "ray_scenarios"
 FILES = ("scenarios.py", "cluster.py")
+_UNSHARE = ("unshare", "--net", "--pid", "--fork", "--mount-proc")
 #: The whole inner run (Ray start, ~15 scenarios, a TorchTrainer) on a busy 2-core machine.
 INNER_TIMEOUT_S = 600
 
@@ -38,7 +39,7 @@ def _why_not() -> str | None:
         return "ray is not installed (pip install 'streamio[ray]')"
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return "unshare or ip (util-linux, iproute2) not found"
-    probe = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"],
+    probe = subprocess.run([*_UNSHARE, "sh", "-c", "ip link set lo up"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
         return f"unshare --net is not permitted here: {probe.stderr.strip()[:200]}"
@@ -59,9 +60,8 @@ def _run(name: str, tmp: Path) -> dict:
     inner = (f"ip link set lo up && exec {sys.executable} -m pytest -q -p no:cacheprovider"
              f" --junitxml={report} {HERE / name}")
     try:
-        proc = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child",
-                               "sh", "-c", inner], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=INNER_TIMEOUT_S)
+        proc = subprocess.run([*_UNSHARE, "--kill-child", "sh", "-c", inner], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=INNER_TIMEOUT_S)
         log = proc.stdout[-6000:] + proc.stderr[-3000:]
     except subprocess.TimeoutExpired as exc:
         log = f"timed out after {INNER_TIMEOUT_S} s\n{(exc.stdout or b'')[-6000:]!r}"

@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 

@@ -81,15 +81,27 @@ def plan_parts(ds: Dataset, n: int, *, single_stream: Any = None) -> list:
         else:
             ranged.append((source, size))
     parts = whole
-    budget = max(len(ranged), n - len(whole))
-    total = sum(size for _, size in ranged) or 1
-    for source, size in ranged:
-        pieces = max(1, min(budget, round(budget * size / total)))
+    for (source, size), pieces in zip(ranged, _apportion([s for _, s in ranged],
+                                                          max(len(ranged), n - len(whole)))):
         single = Dataset([source], ds.format, decoder=ds.decoder, **ds.reader_options)
         for index in range(pieces):
             part = single.shard(pieces, index) if pieces > 1 else single
             parts.append(DatasetPart(part, (source_name(source),), -(-size // pieces)))
     return parts
+
+
+def _apportion(sizes: list, budget: int) -> list:
+    """``budget`` pieces over sources of ``sizes`` (``budget >= len(sizes)``): one each, the rest
+    in proportion to size (largest remainders), so the counts add up to ``budget`` exactly."""
+    extra = budget - len(sizes)
+    total = sum(sizes) or 1
+    shares = [extra * size / total for size in sizes]
+    counts = [1 + int(share) for share in shares]
+    left = budget - sum(counts)
+    by_remainder = sorted(range(len(sizes)), key=lambda i: int(shares[i]) - shares[i])
+    for i in by_remainder[:left]:
+        counts[i] += 1
+    return counts
 
 
 def _by_size(ds: Dataset, sources: list, sizes: list, n: int) -> list:
