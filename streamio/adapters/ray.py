@@ -37,7 +37,8 @@ Writing
 :class:`Datasink` writes each write task's rows to shards ``<path_prefix>-<task>-<n>.tfrecord``
 (``.rec`` for RecordIO, ``.gz``/``.zst`` when compressed), each written under a temporary name
 made by ``mkstemp`` in the destination directory and renamed into place, with an index file
-beside it when ``index=True`` (written by :func:`streamio.tools.index.write_index`).
+beside it when ``index=True`` (written by :func:`streamio.tools.index.write_index`). A write task
+writes on its own node's filesystem: on several machines ``path_prefix`` must be shared.
 """
 
 from __future__ import annotations
