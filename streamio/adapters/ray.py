@@ -224,12 +224,12 @@ def _portable(source: Any) -> Any:
             fd = source.fileno()
         except (AttributeError, OSError, ValueError):
             fd = None
-        if fd is None or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        if fd is None:
             raise UsageError(f"{name} is a file object that a Ray read task (another process)"
                              " cannot read: pass its path, or a pipe")
     if not stat.S_ISFIFO(os.fstat(fd).st_mode):
         raise UsageError(f"{name} is not a pipe: a Ray read task (another process) cannot read"
-                         " it; pass the file's path instead")
+                         " it; pass its path instead")
     return f"/proc/{os.getpid()}/fd/{fd}"
 
 
@@ -239,7 +239,8 @@ class Datasource(ray.data.Datasource):
     Datasource(sources, format, decoder=..., **dataset_options))``, or :func:`read`.
 
     Takes what :class:`~streamio.Dataset` takes (checked now). ``rows_per_block``: rows per
-    Arrow block (default: blocks grow to ``DataContext.target_max_block_size``).
+    Arrow block (default: up to :data:`MAX_BLOCK_ROWS`, within Ray's
+    ``DataContext.target_max_block_size``).
     """
 
     def __init__(self, sources: Any, format: str, *, decoder: Any = None,
