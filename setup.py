@@ -74,6 +74,8 @@ setup(
         "bench": ["pandas", "tfrecord", "isal>=1.6", "zlib-ng>=0.5", "pillow>=13",
                   "simplejpeg>=1.6"],
         "fuzz": ["atheris>=2.3"],
+        # streamio.ray: Ray Data source and sink (tested with 2.60); pyarrow for its blocks.
+        "ray": ["ray[data,train]>=2.40", "pyarrow>=14"],
         "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
                 "moto[server]>=5", "isal>=1.6", "zlib-ng>=0.5",
                 # torchdata's StatefulDataLoader: the resume tests (tests/test_resume.py).

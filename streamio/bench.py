@@ -1327,8 +1327,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: Workloads with options of their own, run alone: ``--workloads images|ranges|resume --help``.
-SEPARATE_WORKLOADS = ("images", "ranges", "resume")
+#: Workloads with options of their own, run alone: ``--workloads images|ranges|resume --help``
+#: (and ``ray``: streamio on Ray Data, in a private network namespace).
+SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -159,7 +159,9 @@ class TFRecordFramer(LengthPrefixedFramer):
     def _seek_accepts(self, buf, pos, end, base):
         stop = pos + self._frame_size(buf, pos)
         if stop > end:
-            return False if self._at_eof else None
+            # Cut short by the end of the stream: the previous range's reader stopped at this
+            # sound header (``_at_stop``), so this one frames it and reports the truncation.
+            return True if self._at_eof else None
         data = buf[stop - FOOTER_SIZE - _HEADER.unpack_from(buf, pos)[0]:stop - FOOTER_SIZE]
         if masked_crc32c(data) == _U32.unpack_from(buf, stop - FOOTER_SIZE)[0]:
             return True

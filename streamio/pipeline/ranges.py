@@ -42,7 +42,7 @@ from ..reader import RecordReader
 from ..sources import source_name
 from ..sources.ranged import probe, range_capable, split_range
 
-__all__ = ["RangePlan", "find_index", "plan_range", "read_index"]
+__all__ = ["RangePlan", "find_index", "plan_range", "read_index", "splittable_size"]
 
 _SPLITTABLE = ("tfrecord", "recordio", "lines")
 _warned: set = set()  # (source name, reason): say each fallback once per process
@@ -68,7 +68,7 @@ def _fallback(source: Any, reason: str) -> None:
         _warned.add(key)
         warnings.warn(f"{source_name(source)} is not split by byte range ({reason}): its records"
                       " are dealt round-robin and every reader reads all of its bytes",
-                      StreamioWarning, stacklevel=4)
+                      StreamioWarning, stacklevel=5)
 
 
 def _local(source: Any) -> Optional[str]:
@@ -111,14 +111,18 @@ def _splittable_format(format: str, options: dict) -> Optional[str]:
     return f"format {format!r} has no known way to find a record start"
 
 
-def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Optional[RangePlan]:
-    """The byte range of ``source`` that the shard ``layers`` (``((num_shards, index), ...)``)
-    give this reader, or None to deal the records round-robin (warned once per source)."""
+def splittable_size(source: Any, format: str, options: dict, *, warn: bool = True
+                    ) -> Optional[int]:
+    """The size of ``source`` if readers can share it by byte range (a regular file, an http(s)
+    or s3:// URL, uncompressed, of a known size, in a format whose record starts can be found),
+    else None; ``warn``: say why not, once per source (the round-robin fallback of
+    :meth:`Dataset.shard`). One probe (a stat, or one request)."""
+    fallback = _fallback if warn else (lambda source, reason: None)
     why = _splittable_format(format, options)
     if why is None and not range_capable(source):
         text = source if isinstance(source, str) else ""
         if "://" in text and not text.startswith("file://"):
-            _fallback(source, "only http(s) and s3:// URLs can be read from a byte offset")
+            fallback(source, "only http(s) and s3:// URLs can be read from a byte offset")
         return None  # a FIFO, stdin, a PipeChannel...: one stream, round-robin as always
     compression = options.get("compression", "infer")
     name = source_name(source)
@@ -126,7 +130,7 @@ def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Option
                         (compression == "infer" and infer_compression(name))):
         why = "it is compressed (a compressed stream cannot be read from the middle)"
     if why is not None:
-        _fallback(source, why)
+        fallback(source, why)
         return None
     try:
         # The head is needed only to sniff a name that does not tell the compression.
@@ -134,13 +138,22 @@ def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Option
                            open_timeout=options.get("open_timeout"),
                            read_timeout=options.get("read_timeout"))
     except StreamioError as exc:
-        _fallback(source, f"it could not be probed ({exc})")
+        fallback(source, f"it could not be probed ({exc})")
         return None
     if size is None:
-        _fallback(source, "its size is unknown (no Content-Length)")
+        fallback(source, "its size is unknown (no Content-Length)")
         return None
     if compression == "infer" and _sniffed(head, name):
-        _fallback(source, "it is compressed (a compressed stream cannot be read from the middle)")
+        fallback(source, "it is compressed (a compressed stream cannot be read from the middle)")
+        return None
+    return size
+
+
+def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Optional[RangePlan]:
+    """The byte range of ``source`` that the shard ``layers`` (``((num_shards, index), ...)``)
+    give this reader, or None to deal the records round-robin (warned once per source)."""
+    size = splittable_size(source, format, options)
+    if size is None:
         return None
     start, end = split_range(size, layers)
     path = _local(source)

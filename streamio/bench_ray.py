@@ -1,0 +1,204 @@
+"""streamio on Ray Data vs Ray's own reader: ``streamio bench --workloads ray``.
+
+Writes ``--files`` TFRecord files of ``--records`` ``tf.train.Example`` each (``x`` float32[32],
+``label`` int64: ~178 B framed, the records of ``streamio bench``), then, on one local Ray
+(``--cpus`` logical CPUs, loopback only), measures records/s of:
+
+- streamio in this process (``Dataset(files).batch(4096)``, decoded), the rate Ray is held to;
+- ``streamio.ray.read(files, decoder=...)`` consumed with ``iter_batches`` at each
+  ``--batch-sizes`` (numpy batches; the time includes planning and starting the read tasks);
+- ``ray.data.read_tfrecords`` on the first ``--peer-records`` of them (the tfx-bsl fast path too
+  when ``tfx_bsl`` imports);
+- 100 KB raw records (``--large`` of them; MB/s), and RecordIO-protobuf (``--recordio`` rows of
+  float32[128] + label: Ray has no reader for it), through Ray and in this process.
+
+Ray listens on every interface and probes 8.8.8.8 to find its address, so the benchmark re-runs
+itself inside a private network namespace with only loopback up (``unshare --net``; root, Linux).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+_INSIDE = "--inside-namespace"
+
+
+def _write_examples(path: str, n: int, rng: np.random.Generator) -> None:
+    from .bench import example_payloads
+    from .reader import write_records
+
+    payloads, _, _ = example_payloads(n, rng)
+    write_records(path, "tfrecord", (row.tobytes() for row in payloads))
+
+
+def _rate(fn) -> tuple:
+    t0 = time.perf_counter()
+    n = fn()
+    return n, n / (time.perf_counter() - t0)
+
+
+def _count_batches(ds, batch_size: int, column: str) -> int:
+    return sum(len(b[column]) for b in ds.iter_batches(batch_size=batch_size,
+                                                       batch_format="numpy"))
+
+
+def run(args: argparse.Namespace) -> list:
+    import ray
+    import streamio
+    import streamio.ray as sray
+    from .bench import EXAMPLE_FLOATS, recordio_protobuf_payloads
+    from .decoders import Example, FixedLen, RecordIOProtobuf
+    from .reader import write_records
+
+    rng = np.random.default_rng(0)
+    tmp = args.tmpdir or tempfile.mkdtemp(prefix="streamio-bench-ray-")
+    os.makedirs(tmp, exist_ok=True)
+    files = [os.path.join(tmp, f"ex-{args.records}-{i:02d}.tfrecord") for i in range(args.files)]
+    for path in files:
+        if not os.path.exists(path):
+            _write_examples(path, args.records, rng)
+    total = args.files * args.records
+    decoder = Example({"x": FixedLen((EXAMPLE_FLOATS,), "float32"), "label": FixedLen((), "int64")})
+    rows = []
+
+    n, rate = _rate(lambda: sum(len(b["label"]) for b in
+                                streamio.Dataset(files, "tfrecord", decoder=decoder).batch(4096)))
+    inproc = rate
+    rows.append(("streamio in-process, batch 4096", n, rate, 1.0))
+
+    ray.init(num_cpus=args.cpus, object_store_memory=args.object_store_mb << 20,
+             include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        for bs in args.batch_sizes:
+            for blk in args.rows_per_block or [None]:
+                ds = sray.read(files, "tfrecord", decoder=decoder, rows_per_block=blk,
+                               parallelism=args.parallelism)
+                n, rate = _rate(lambda: _count_batches(ds, bs, "label"))
+                assert n == total, (n, total)
+                label = f"streamio.ray.read, iter_batches {bs}"
+                if blk:
+                    label += f", {blk} rows/block"
+                rows.append((label, n, rate, rate / inproc))
+        # Ray's own reader on a prefix of the same records (it is ~1000x slower).
+        peer = os.path.join(tmp, f"peer-{args.records}-{args.peer_records}.tfrecord")
+        if not os.path.exists(peer):
+            write_records(peer, "tfrecord", streamio.read_records(files[0], "tfrecord")
+                          if args.peer_records >= args.records else
+                          _first(files[0], args.peer_records))
+        ds = ray.data.read_tfrecords(peer)
+        n, rate = _rate(lambda: _count_batches(ds, 4096, "label"))
+        rows.append(("ray.data.read_tfrecords, iter_batches 4096", n, rate, rate / inproc))
+        if importlib.util.find_spec("tfx_bsl") is not None:
+            from ray.data import TFXReadOptions
+
+            ds = ray.data.read_tfrecords(peer, tfx_read_options=TFXReadOptions())
+            n, rate = _rate(lambda: _count_batches(ds, 4096, "label"))
+            rows.append(("read_tfrecords + tfx-bsl, iter_batches 4096", n, rate, rate / inproc))
+        else:
+            rows.append(("read_tfrecords + tfx-bsl: not installed", 0, 0.0, 0.0))
+        # 100 KB records, raw (MB/s in the label).
+        large = os.path.join(tmp, f"large-{args.large}.tfrecord")
+        if not os.path.exists(large):
+            block = rng.integers(0, 256, 100_000 + 4096, dtype=np.uint8).tobytes()
+            write_records(large, "tfrecord", (block[i * 97 % 4096:i * 97 % 4096 + 100_000]
+                                              for i in range(args.large)))
+        n, rate = _rate(lambda: sum(len(b) for b in
+                                    streamio.Dataset(large, "tfrecord").batch(64)))
+        rows.append(("100 KB records in-process (MB/s = rate/10)", n, rate, 1.0))
+        big_in = rate
+        ds = sray.read(large, "tfrecord", parallelism=args.parallelism)
+        n, rate = _rate(lambda: _count_batches(ds, 64, "record"))
+        rows.append(("100 KB records, streamio.ray.read, batch 64", n, rate, rate / big_in))
+        # RecordIO-protobuf: no Ray reader exists.
+        rio = os.path.join(tmp, f"dense-{args.recordio}.rec")
+        if not os.path.exists(rio):
+            payloads, _, _ = recordio_protobuf_payloads(args.recordio, rng)
+            write_records(rio, "recordio", (row.tobytes() for row in payloads),
+                          multipart="concat")
+        dec = RecordIOProtobuf()
+        n, rate = _rate(lambda: sum(len(b["values"]) for b in
+                                    streamio.Dataset(rio, "recordio", decoder=dec).batch(4096)))
+        rows.append(("RecordIO-protobuf in-process, batch 4096", n, rate, 1.0))
+        rio_in = rate
+        ds = sray.read(rio, "recordio", decoder=RecordIOProtobuf(), parallelism=args.parallelism)
+        n, rate = _rate(lambda: _count_batches(ds, 4096, "values"))
+        rows.append(("RecordIO-protobuf, streamio.ray.read, batch 4096", n, rate, rate / rio_in))
+    finally:
+        ray.shutdown()
+        if not args.tmpdir:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+def _first(path: str, n: int):
+    from .reader import read_records
+
+    for i, record in enumerate(read_records(path, "tfrecord")):
+        if i >= n:
+            return
+        yield record
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="streamio bench --workloads ray", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--files", type=int, default=10)
+    p.add_argument("--records", type=int, default=200_000, help="Examples per file")
+    p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[256, 4096])
+    p.add_argument("--rows-per-block", type=lambda s: [int(x) for x in s.split(",")],
+                   default=None, help="also try these rows per block (default: Ray's target"
+                   " block size)")
+    p.add_argument("--parallelism", type=int, default=-1, help="read tasks (-1: Ray decides)")
+    p.add_argument("--peer-records", type=int, default=200_000,
+                   help="records for ray.data.read_tfrecords")
+    p.add_argument("--large", type=int, default=2000, help="100 KB records")
+    p.add_argument("--recordio", type=int, default=200_000, help="RecordIO-protobuf rows")
+    p.add_argument("--cpus", type=int, default=2)
+    p.add_argument("--object-store-mb", type=int, default=1024)
+    p.add_argument("--tmpdir", help="keep the data here (re-used when present)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _INSIDE not in argv:
+        build_parser().parse_args(argv)  # --help and mistakes before the namespace
+        if shutil.which("unshare") is None:
+            print("streamio bench --workloads ray needs unshare (util-linux)", file=sys.stderr)
+            return 2
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1")
+        inner = " ".join([sys.executable, "-m", "streamio.bench_ray", _INSIDE,
+                          *(_quote(a) for a in argv)])
+        return subprocess.call(["unshare", "--net", "--pid", "--fork", "--mount-proc",
+                                "--kill-child", "sh", "-c", f"ip link set lo up && exec {inner}"],
+                               env=env)
+    argv.remove(_INSIDE)
+    args = build_parser().parse_args(argv)
+    rows = run(args)
+    print(f"\n{'workload':<52} {'records':>9} {'records/s':>12} {'vs in-process':>14}")
+    for label, n, rate, ratio in rows:
+        print(f"{label:<52} {n:>9} {rate:>12,.0f} {ratio:>13.2f}x")
+    return 0
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
