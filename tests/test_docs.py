@@ -103,6 +103,7 @@ class Run:
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     timeout: float = 120
     stdout: str = ""
+    wrapper: List[str] = dataclasses.field(default_factory=list)   # runs the interpreter
 
     def replace(self, old: str, new: str) -> None:
         """Stand ``new`` in for ``old`` wherever the snippet says it (at least once)."""
@@ -113,7 +114,7 @@ class Run:
         script = self.tmp / "snippet.py"
         script.write_text(self.prelude + self.code + self.epilogue)
         env = dict(os.environ, PYTHONPATH=str(ROOT), **self.env)
-        done = subprocess.run([sys.executable, str(script)], cwd=self.tmp, env=env,
+        done = subprocess.run([*self.wrapper, sys.executable, str(script)], cwd=self.tmp, env=env,
                               capture_output=True, text=True, timeout=self.timeout,
                               stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stderr[-4000:]
@@ -191,6 +192,14 @@ def _examples(run: Run, x: str = "16", n: str = "2000", files: str = "2") -> Ite
 def _data_dir(run: Run) -> Iterator[None]:
     """An empty ./data for a snippet that writes there."""
     (run.tmp / "data").mkdir()
+    yield
+
+
+@setup("private-network")
+def _private_network(run: Run) -> Iterator[None]:
+    """The snippet runs in a network namespace of its own, with only a loopback interface: for
+    code that binds every interface or probes outside addresses (Ray does both)."""
+    run.wrapper = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"']
     yield
 
 
@@ -375,6 +384,14 @@ def test_the_collector_reads_markers_indents_and_tildes(tmp_path):
         (11, "markdown", "```python\n", None)]
 
 
+def test_a_private_network_snippet_reaches_only_loopback(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- snippet: setup private-network -->\n```python\nimport socket\n"
+                   "print(sorted({name for _, name in socket.if_nameindex()}))\n```\n")
+    [block] = fenced_blocks(doc)
+    assert run_block(block, tmp_path).stdout.split() == ["['lo']"]
+
+
 def test_no_snippet_combines_a_process_map_with_dataloader_workers():
     """A process map inside DataLoader workers is a UsageError; no example may combine them."""
     for block in BLOCKS:
@@ -487,3 +504,38 @@ def test_every_streamio_command_in_the_docs_exists():
             for line in (lin.lstrip("$ ").strip() for lin in b.code.splitlines())
             if line.startswith("streamio ") and not line.split()[1].startswith("-")}
     assert used and used <= listed, used - listed
+
+
+def readme_block(lang: str, says: str) -> Block:
+    """The one README ``lang`` block that says ``says``."""
+    found = [b for b in fenced_blocks(ROOT / "README.md") if b.lang == lang and says in b.code]
+    assert len(found) == 1, f"{len(found)} README {lang} blocks say {says!r}"
+    return found[0]
+
+
+def test_the_cli_spec_reads_what_the_encode_example_snippet_wrote(tmp_path):
+    """The JSON spec (``diagnose --decoder example:spec.json``) fits the Python snippet's data."""
+    run_block(readme_block("python", "encode_example"), tmp_path)
+    (tmp_path / "spec.json").write_text(readme_block("json", '"varlen": true').code)
+    done = subprocess.run([sys.executable, "-m", "streamio", "diagnose", "data/part-0.tfrecord",
+                           "--format", "tfrecord", "--decoder", "example:spec.json", "--batch",
+                           "64", "--seconds", "1", "--step-ms", "0"], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "records/s" in done.stdout and "bottleneck:" in done.stdout
+
+
+def test_command_line_examples(tmp_path):
+    block = readme_block("bash", "streamio index ")
+    commands = {line.split("#")[0].split()[1]: line.split("#")[0].split()
+                for line in block.code.splitlines() if line.startswith("streamio ")}
+    assert "--epochs" in commands["sagemaker-local"]
+    tf, rec = tmp_path / "big.tfrecord", tmp_path / "big.rec"
+    streamio.write_records(str(tf), "tfrecord", [b"x" * 100] * 10)
+    streamio.write_records(str(rec), "recordio", [b"y" * 100] * 10)
+    done = subprocess.run([sys.executable, "-m", "streamio", *commands["index"][1:]],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "big.tfrecord.index").exists() and (tmp_path / "big.rec.idx").exists()
