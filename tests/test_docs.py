@@ -406,8 +406,9 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)|"
                   r"^\s*\[[^\]]+\]:\s*(?P<ref>\S+)", re.M)
 
 
-def without_code(text: str) -> str:
-    """The Markdown outside fenced blocks and inline code spans (links there are not links)."""
+def without_code(text: str, *, spans: bool = True) -> str:
+    """The Markdown outside fenced blocks and (unless ``spans`` is false) inline code spans:
+    links there are not links."""
     out, fenced = [], None
     for line in text.splitlines():
         fence = FENCE.match(line)
@@ -418,14 +419,14 @@ def without_code(text: str) -> str:
             if fence and line.strip().startswith(fenced):
                 fenced = None
             continue
-        out.append(re.sub(r"`[^`]*`", "", line))
+        out.append(re.sub(r"`[^`]*`", "", line) if spans else line)
     return "\n".join(out)
 
 
 def anchors(path: Path) -> set:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens, repeats
     numbered; plus explicit ``<a name=...>`` / ``id=...``."""
-    text = without_code(path.read_text(encoding="utf-8"))
+    text = without_code(path.read_text(encoding="utf-8"), spans=False)
     seen: Dict[str, int] = {}
     found = set(re.findall(r"<a\s+(?:name|id)=\"([^\"]+)\"", text))
     for heading in re.findall(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", text, re.M):
@@ -458,14 +459,17 @@ def test_relative_links_resolve(path):
 
 def test_the_link_check_finds_broken_links(tmp_path, monkeypatch):
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "a.md").write_text("# Two words: here!\n## Two words: here!\n")
+    (tmp_path / "docs" / "a.md").write_text("# Two words: here!\n## Two words: here!\n"
+                                            "### Tools: `streamio pack`\n")
     doc = tmp_path / "README.md"
-    doc.write_text("[ok](docs/a.md#two-words-here-1) [x](docs/b.md) [y](docs/a.md#nope) "
-                   "[z](#top) `[code](nowhere.md)` ![img](docs/a.md) [w](https://example.com/a)\n"
+    doc.write_text("[ok](docs/a.md#two-words-here-1) [t](docs/a.md#tools-streamio-pack) "
+                   "[x](docs/b.md) [y](docs/a.md#nope) [z](#top) `[code](nowhere.md)` "
+                   "![img](docs/a.md) [w](https://example.com/a)\n"
                    "# Top\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    assert links(doc) == ["docs/a.md#two-words-here-1", "docs/b.md", "docs/a.md#nope", "#top",
-                          "docs/a.md", "https://example.com/a"]
+    assert links(doc) == ["docs/a.md#two-words-here-1", "docs/a.md#tools-streamio-pack",
+                          "docs/b.md", "docs/a.md#nope", "#top", "docs/a.md",
+                          "https://example.com/a"]
     with pytest.raises(AssertionError, match=r"\['docs/b.md', 'docs/a.md#nope'\]"):
         test_relative_links_resolve(doc)
 

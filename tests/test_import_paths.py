@@ -29,7 +29,8 @@ def test_streamio_tf_is_the_tf_adapter_without_torch():
     pytest.importorskip("tensorflow")
     out = run("import sys\n"
               "import streamio.tf, streamio.adapters.tf as a\n"
-              "print(streamio.tf.to_tf is a.to_tf, streamio.tf.resume_callback is a.resume_callback,"
+              "print(streamio.tf.to_tf is a.to_tf,"
+              " streamio.tf.resume_callback is a.resume_callback,"
               " streamio.tf.element_spec is a.element_spec, 'tensorflow' in sys.modules,"
               " 'torch' in sys.modules)\n"
               "from streamio.tf import *\n"
