@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import io
 import os
 import re
@@ -155,6 +156,10 @@ def run_block(block: Block, tmp: Path) -> Run:
     kind, detail = parse_marker(block.marker)
     if kind == "skip":
         pytest.skip(f"{block.where}: {detail}")
+    for module in re.findall(r"^\s*(?:import|from)\s+(torch|tensorflow|keras)\b", block.code,
+                             re.M):
+        if importlib.util.find_spec(module) is None:   # optional dependencies, as elsewhere
+            pytest.skip(f"{block.where}: {module} is not installed")
     run = Run(tmp, block.code)
     with contextlib.ExitStack() as stack:
         for name, args in detail:
