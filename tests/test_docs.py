@@ -8,14 +8,16 @@ Markdown does not show::
     <!-- snippet: skip (needs an S3 bucket) -->
     <!-- snippet: setup examples x=16; cuda-on-cpu -->
 
-``skip`` needs a reason in parentheses; ``setup`` names one or more of the fixtures in ``SETUPS``
-below (separated by ``;``, each with ``key=value`` arguments), which prepare the files, FIFOs
-and variables the block names, and may check what it printed. A fixture that stands in for
-something the block names (a FIFO path under /opt/ml, a GPU) replaces text in it and counts
-the replacements, so a snippet that changes fails here rather than silently running something
-else. An unknown marker or setup, a skip without a reason, or a marker that is not right above
-a python fence fails; a test counts the python fences of each file independently of the
-collector, so no block goes uncollected.
+``skip`` needs a reason in parentheses. ``tested-by tests/FILE.py::TEST`` names the test that
+runs the block another way (with the blocks before it in one session, say); that test must
+exist. ``setup`` names one or more of the fixtures in ``SETUPS`` below (separated by ``;``,
+each with ``key=value`` arguments), which prepare the files, FIFOs and variables the block
+names, and may check what it printed. A fixture that stands in for something the block names
+(a FIFO path under /opt/ml, a GPU) replaces that text and fails when the block no longer says
+it, so a snippet that changes fails here rather than silently running something else. An
+unknown marker or setup, a skip without a reason, or a marker that is not right above a python
+fence fails; a test counts the python fences of each file independently of the collector, so
+no block goes uncollected.
 """
 
 from __future__ import annotations
@@ -140,9 +142,16 @@ def parse_marker(marker: Optional[str]) -> tuple:
     skip = re.fullmatch(r"skip\s*\((?P<reason>.*\S.*)\)", marker)
     if skip:
         return "skip", skip["reason"].strip()
+    elsewhere = re.fullmatch(r"tested-by\s+(?P<file>tests/\S+\.py)::(?P<test>\w+)", marker)
+    if elsewhere:
+        source = ROOT / elsewhere["file"]
+        assert source.is_file() and re.search(rf"^\s*def {elsewhere['test']}\(",
+                                              source.read_text(), re.M), (
+            f"snippet marker {marker!r}: no such test")
+        return "skip", f"runs in {elsewhere['file']}::{elsewhere['test']}"
     assert marker.startswith("setup "), (
-        f"unknown snippet marker {marker!r}: use 'skip (why it cannot run here)' or "
-        f"'setup NAME [key=value ...][; NAME ...]'")
+        f"unknown snippet marker {marker!r}: use 'skip (why it cannot run here)', "
+        f"'tested-by tests/FILE.py::TEST' or 'setup NAME [key=value ...][; NAME ...]'")
     setups = []
     for part in marker[len("setup "):].split(";"):
         name, *args = part.split()
@@ -373,8 +382,11 @@ def test_the_collector_rejects_bad_markers():
     assert parse_marker("skip (needs an S3 bucket)") == ("skip", "needs an S3 bucket")
     assert parse_marker("setup examples x=32; data-dir") == (
         "run", [("examples", {"x": "32"}), ("data-dir", {})])
+    assert parse_marker("tested-by tests/test_docs.py::test_python_snippet_runs") == (
+        "skip", "runs in tests/test_docs.py::test_python_snippet_runs")
     for bad in ("skip", "skip ()", "skip ( )", "skipped (why)", "setup no-such-fixture",
-                "setup examples 32", "run"):
+                "setup examples 32", "run", "tested-by tests/test_docs.py::no_such_test",
+                "tested-by tests/no_such_file.py::test_x"):
         with pytest.raises(AssertionError):
             parse_marker(bad)
 
