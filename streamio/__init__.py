@@ -2,7 +2,7 @@
 
 The public surface is re-exported here; everything else is private or lives in a subpackage.
 Framework adapters are imported only when used (``Dataset.to_torch()``, ``Dataset.to_tf()``,
-``streamio.torch``), so ``import streamio`` imports neither PyTorch nor TensorFlow.
+``streamio.torch``, ``streamio.tf``), so ``import streamio`` imports neither PyTorch nor TensorFlow.
 """
 
 from __future__ import annotations

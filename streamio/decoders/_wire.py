@@ -16,7 +16,7 @@ pure Python and imports no I/O.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 
@@ -201,10 +201,3 @@ def len_field(field_number: int, payload: bytes) -> bytes:
     """A length-delimited field: tag, length, payload."""
     return encode_varint(field_number << 3 | WIRE_LEN) + encode_varint(len(payload)) + payload
 
-
-def tag_bytes(field_number: int, wire_type: int) -> bytes:
-    return encode_varint(field_number << 3 | wire_type)
-
-
-def join_fields(fields: List[bytes]) -> bytes:
-    return b"".join(fields)
