@@ -91,12 +91,14 @@ def section_env(dry: bool) -> None:
 
 def section_cuda_tests(dry: bool) -> None:
     """``pytest -m cuda``: one row per test, with its outcome (skip reason on a CPU machine)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", "-v",
+    # -v alone (with -q it cancels out): one "PASSED"/"FAILED" line per test, read below.
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "-v",
            "-rs", "tests/test_image_gpu.py", "tests/test_torch_adapter.py"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     outcome = re.compile(r"^(tests/\S+::\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
     skipped = re.compile(r"^SKIPPED \[(\d+)\] \S+: (.*)$")
+    summary = re.compile(r"^=+ (\d+ \w+.*?) in [\d.]+s.*=+$")
     reasons: dict = {}
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -108,6 +110,11 @@ def section_cuda_tests(dry: bool) -> None:
         m = skipped.match(line.strip())
         if m:
             reasons[m.group(2)] = reasons.get(m.group(2), 0) + int(m.group(1))
+        m = summary.match(line.strip())
+        if m:
+            row("pytest -m cuda", m.group(1), "every test passes",
+                "SKIP" if dry else verdict(" failed" not in m.group(1)
+                                           and " error" not in m.group(1)))
     proc.wait()
     for reason, count in reasons.items():
         row(f"cuda tests skipped: {count}", reason, "", "SKIP" if dry else "MISS")

@@ -52,9 +52,11 @@ if [ "$DRY" = 0 ]; then
             >> "$LOG" 2>&1 || say "WARNING: pip install from .whl/ failed (see log); going on"
     fi
     # streamio itself, editable, with the machine's compiler (no build isolation: it would
-    # need the network). If the C extension does not build, the pure-Python fallback runs and
-    # the env section's table row says so.
-    timeout 90 "$PY" -m pip install -q --no-build-isolation --no-index --no-deps -e . \
+    # need the network; --use-pep517, else pip falls back to `setup.py develop`, which recent
+    # setuptools turns into a nested, isolated pip that tries the network: seen on the H200).
+    # If the C extension does not build, the pure-Python fallback runs and the env section's
+    # table row says so.
+    timeout 90 "$PY" -m pip install -q --no-build-isolation --use-pep517 --no-index --no-deps -e . \
         >> "$LOG" 2>&1 || say "WARNING: pip install -e . failed (see log); testing from the tree"
     # The editable install builds the C extension into the tree; if it did not, try once more.
     "$PY" -c 'import streamio._speedups' >/dev/null 2>&1 \
