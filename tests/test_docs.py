@@ -527,17 +527,18 @@ def test_every_streamio_command_in_the_docs_exists():
     assert used and used <= listed, used - listed
 
 
-def readme_block(lang: str, says: str) -> Block:
-    """The one README ``lang`` block that says ``says``."""
-    found = [b for b in fenced_blocks(ROOT / "README.md") if b.lang == lang and says in b.code]
-    assert len(found) == 1, f"{len(found)} README {lang} blocks say {says!r}"
+def doc_block(lang: str, says: str) -> Block:
+    """The one ``lang`` block of README.md and docs/ that says ``says``."""
+    found = [b for path in doc_files() for b in fenced_blocks(path)
+             if b.lang == lang and says in b.code]
+    assert len(found) == 1, f"{[b.where for b in found]}: {len(found)} {lang} blocks say {says!r}"
     return found[0]
 
 
 def test_the_cli_spec_reads_what_the_encode_example_snippet_wrote(tmp_path):
     """The JSON spec (``diagnose --decoder example:spec.json``) fits the Python snippet's data."""
-    run_block(readme_block("python", "encode_example"), tmp_path)
-    (tmp_path / "spec.json").write_text(readme_block("json", '"varlen": true').code)
+    run_block(doc_block("python", 'print(next(iter(ds))["tokens_len"]'), tmp_path)
+    (tmp_path / "spec.json").write_text(doc_block("json", '"varlen": true').code)
     done = subprocess.run([sys.executable, "-m", "streamio", "diagnose", "data/part-0.tfrecord",
                            "--format", "tfrecord", "--decoder", "example:spec.json", "--batch",
                            "64", "--seconds", "1", "--step-ms", "0"], cwd=tmp_path,
@@ -548,7 +549,7 @@ def test_the_cli_spec_reads_what_the_encode_example_snippet_wrote(tmp_path):
 
 
 def test_command_line_examples(tmp_path):
-    block = readme_block("bash", "streamio index ")
+    block = doc_block("bash", "streamio index ")
     commands = {line.split("#")[0].split()[1]: line.split("#")[0].split()
                 for line in block.code.splitlines() if line.startswith("streamio ")}
     assert "--epochs" in commands["sagemaker-local"]
@@ -560,3 +561,25 @@ def test_command_line_examples(tmp_path):
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "big.tfrecord.index").exists() and (tmp_path / "big.rec.idx").exists()
+
+
+# -- the site --------------------------------------------------------------------------------------
+def nav_pages(mkdocs_yml: Path) -> List[str]:
+    """The pages mkdocs.yml's nav lists (``  - Title: page.md`` lines; no YAML parser needed)."""
+    text = mkdocs_yml.read_text(encoding="utf-8")
+    nav = text[text.index("\nnav:\n"):]
+    return re.findall(r"^\s+-\s+[^:\n]+:\s*(\S+\.md)\s*$", nav, re.M)
+
+
+def test_the_site_nav_lists_every_docs_page_once():
+    """mkdocs.yml (``mkdocs build``) shows every page of docs/ and no page that is not there;
+    the README links every page too, so the guide is reachable from the landing page."""
+    pages = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md"))
+    listed = nav_pages(ROOT / "mkdocs.yml")
+    assert sorted(listed) == pages and len(set(listed)) == len(listed), (listed, pages)
+    linked = {target.partition("#")[0] for target in links(ROOT / "README.md")}
+    assert {f"docs/{p}" for p in pages if p != "index.md"} <= linked
+
+
+def test_the_readme_is_a_landing_page():
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 250
