@@ -382,6 +382,8 @@ def parse_index_seeds(rng: random.Random) -> List[bytes]:
                             _flip(text, rng), text[::-1], text + b"1" * 30 + b" 1\n"):
                 out.append(T.encode_parse_index(variant, size=at))
     return out
+
+
 def shared_wire_seeds(rng: random.Random) -> List[bytes]:
     """Both directions of the shared stream: hellos, requests and goodbyes; blocks, an END and
     errors as the dealer writes them (one with a pickle where JSON belongs)."""
@@ -403,6 +405,9 @@ def shared_wire_seeds(rng: random.Random) -> List[bytes]:
     seeds.append(T.encode_shared_wire(W.encode_error(SourceError("gone", source="b"))))
     evil = b"cos\nsystem\n(S'id'\ntR."
     seeds.append(T.encode_shared_wire(W.HEADER.pack(W.ERROR, 0, len(evil)) + evil))
+    return seeds
+
+
 def resume_state_seeds(rng: random.Random) -> List[bytes]:
     """States the fuzzed pipeline took at several points of several epochs, and a few near
     misses (a changed seed, a count past the end, a string where a number belongs)."""
