@@ -24,7 +24,7 @@ from hang_guard import bounded
 
 pytest.importorskip("torch")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 SCRIPT = os.path.join(HERE, "scripts", "multirank_check.py")
 N = 400
 EPOCHS = 2

@@ -30,7 +30,7 @@ from streamio.sources.ranged import split_range
 
 from hostile_http import HostileHTTPServer
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 FORMATS = [("tfrecord", {}), ("recordio", {}), ("recordio", {"multipart": "concat"}),
            ("lines", {})]
 IDS = ["tfrecord", "recordio-dmlc", "recordio-concat", "lines"]
