@@ -403,6 +403,9 @@ def shared_wire_seeds(rng: random.Random) -> List[bytes]:
     seeds.append(T.encode_shared_wire(W.encode_error(SourceError("gone", source="b"))))
     evil = b"cos\nsystem\n(S'id'\ntR."
     seeds.append(T.encode_shared_wire(W.HEADER.pack(W.ERROR, 0, len(evil)) + evil))
+    return seeds
+
+
 def resume_state_seeds(rng: random.Random) -> List[bytes]:
     """States the fuzzed pipeline took at several points of several epochs, and a few near
     misses (a changed seed, a count past the end, a string where a number belongs)."""
