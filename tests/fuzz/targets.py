@@ -102,7 +102,7 @@ def _cuts(seed: int, n: int) -> List[int]:
 
 def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int]) -> list:
     """Feed ``data`` split at ``cuts``; record every result, error and counter a user can see
-    (as tests/test_speedups.py does)."""
+    (tests/kernels/test_kernel_framing.py compares the C and Python framers with it)."""
     from streamio.errors import FormatError
 
     framer = make()

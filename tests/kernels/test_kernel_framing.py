@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import random
 import struct
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +22,6 @@ from hypothesis import strategies as st
 speedups = pytest.importorskip("streamio._speedups",
                                reason="C accelerator not built (python setup.py build_ext --inplace)")
 
-from streamio.errors import FormatError  # noqa: E402
 from streamio.formats import encode_recordio, encode_tfrecord, masked_crc32c  # noqa: E402
 from streamio.formats import _framing  # noqa: E402
 from streamio.formats.recordio import (MAGIC_BYTES, RecordIOFramer,  # noqa: E402
@@ -28,6 +29,10 @@ from streamio.formats.recordio import (MAGIC_BYTES, RecordIOFramer,  # noqa: E40
 from streamio.formats.tfrecord import (TFRecordFramer, _find_tfrecord_sync_loop,  # noqa: E402
                                        find_tfrecord_sync, scan_tfrecords)
 from streamio.formats._tfrecord_sync import find_tfrecord_sync_numpy  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
+# Every result, error and counter a user can see, from data fed in pieces: the fuzz harness's.
+from targets import run_framer  # noqa: E402
 
 SLOW_OK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                          HealthCheck.data_too_large])
@@ -219,22 +224,6 @@ def test_kernels_take_keywords_and_reject_bad_arguments():
 
 
 # --- whole framers: accelerate=True vs False ------------------------------------------------------
-
-def run_framer(make, data: bytes, cuts) -> list:
-    """Feed ``data`` split at ``cuts``; record every result, error and counter a user can see."""
-    framer = make()
-    events: list = []
-    pieces = [data[pos:cut] for pos, cut in zip([0] + cuts, cuts + [len(data)])]
-    for piece in pieces + [None]:
-        try:
-            records = framer.feed(piece) if piece is not None else framer.finish()
-        except FormatError as err:  # anything else is a bug and fails the test
-            events.append(("error", type(err), err.offset, err.record_index, str(err)))
-            break
-        events.append(("records", records))
-    events.append(("counters", framer.records, framer.skipped_records, framer.skipped_bytes))
-    return events
-
 
 def sorted_cuts(draw, data: bytes) -> list:
     return sorted(set(draw.draw(st.lists(st.integers(0, len(data)), max_size=8))))
