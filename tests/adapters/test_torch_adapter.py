@@ -128,8 +128,8 @@ def test_plans_split_sources_exactly_once(parts, world_size, num_workers):
 
 def test_plan_shares_one_fifo_between_local_ranks_and_refuses_unsaid_hosts(tmp_path,
                                                                            monkeypatch):
-    # (Workers and local ranks sharing it for real: tests/test_shared_fifo.py and
-    # tests/test_shared_stream_multirank.py.)
+    # (Workers and local ranks sharing it for real: tests/adapters/test_shared_fifo.py and
+    # tests/adapters/test_shared_stream_multirank.py.)
     from streamio.adapters.shared_stream import SharedStreamFeed
     for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import targets as T  # noqa: E402
 
-from streamio.decoders._wire import len_field  # noqa: E402  (a length-delimited protobuf field)
+from streamio.decoders._wire import len_field as _ld  # noqa: E402  (a length-delimited field)
 
 ROOT = Path(__file__).resolve().parents[2]
 # ../shared/peer-fixtures beside the checkout (/work/main), or two levels up (a worktree)
@@ -182,10 +182,10 @@ def _sequence_example(context: dict, lists: dict) -> bytes:
     (repeated Feature, field 1)."""
     from streamio import encode_example
 
-    entries = b"".join(len_field(1, len_field(1, name.encode()) + len_field(2, b"".join(len_field(1, _feature(step))
+    entries = b"".join(_ld(1, _ld(1, name.encode()) + _ld(2, b"".join(_ld(1, _feature(step))
                                                                         for step in steps)))
                        for name, steps in lists.items())
-    return encode_example(context) + (len_field(2, entries) if lists else b"")
+    return encode_example(context) + (_ld(2, entries) if lists else b"")
 
 
 def parse_sequence_examples_seeds(rng: random.Random) -> List[bytes]:
@@ -211,8 +211,8 @@ def parse_sequence_examples_seeds(rng: random.Random) -> List[bytes]:
              T.encode_parse_sequence_examples([], context, sequence)]
     # a step whose packed int64s end inside a varint, after records with steps: the error names
     # the record of that step (counted from the steps before it)
-    cut_step = len_field(1, len_field(1, b"tok") + len_field(2, len_field(1, len_field(3, len_field(1, b"\x05\xff")))))
-    seeds.append(T.encode_parse_sequence_examples(records[:4] + [len_field(2, cut_step)] + records[:2],
+    cut_step = _ld(1, _ld(1, b"tok") + _ld(2, _ld(1, _ld(3, _ld(1, b"\x05\xff")))))
+    seeds.append(T.encode_parse_sequence_examples(records[:4] + [_ld(2, cut_step)] + records[:2],
                                                   context, sequence))
     tf_written = _payloads((FIXTURES / "examples" / "sequence_examples.tfrecord").read_bytes(),
                            "tfrecord")

@@ -1,4 +1,4 @@
-"""Ranks of one host sharing one FIFO, for tests/test_shared_stream_multirank.py.
+"""Ranks of one host sharing one FIFO, for tests/adapters/test_shared_stream_multirank.py.
 
 usage:
   multirank_check.py rank OUT SOURCE [options]   one rank: DataLoader over SOURCE, writes OUT

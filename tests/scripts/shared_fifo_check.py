@@ -1,5 +1,5 @@
-"""DataLoader workers sharing one FIFO, for tests/test_shared_fifo.py, run in a fresh process
-(the pytest process may have imported TensorFlow, and forking after that can deadlock).
+"""DataLoader workers sharing one FIFO, for tests/adapters/test_shared_fifo.py, run in a fresh
+process (the pytest process may have imported TensorFlow, and forking after that can deadlock).
 
 usage: shared_fifo_check.py WORKDIR SCENARIO   -> prints one JSON object
 """

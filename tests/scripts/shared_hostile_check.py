@@ -1,5 +1,5 @@
 """A training job sharing one stream while another local user attacks it, for
-tests/test_shared_stream_hostile.py. Runs as root inside a private network namespace
+tests/adapters/test_shared_stream_hostile.py. Runs as root inside a private network namespace
 (``unshare --net``: abstract sockets are per namespace, so nothing outside is reachable).
 
 usage: shared_hostile_check.py WORKDIR HOSTILE_PYTHON   -> prints one JSON object

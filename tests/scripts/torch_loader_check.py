@@ -1,4 +1,4 @@
-"""DataLoader scenarios for tests/test_torch_adapter.py, run in a fresh process.
+"""DataLoader scenarios for tests/adapters/test_torch_adapter.py, run in a fresh process.
 
 A process that imported TensorFlow must not fork DataLoader workers (it can deadlock), and the
 pytest process may have imported it; so the worker scenarios run here and print one JSON object.
