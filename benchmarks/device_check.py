@@ -93,7 +93,8 @@ def section_cuda_tests(dry: bool) -> None:
     """``pytest -m cuda``: one row per test, with its outcome (skip reason on a CPU machine)."""
     # -v alone (with -q it cancels out): one "PASSED"/"FAILED" line per test, read below.
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "cuda", "-v",
-           "-rs", "tests/test_image_gpu.py", "tests/test_torch_adapter.py"]
+           "-rs", "tests/decoders/test_image_gpu.py",
+           "tests/adapters/test_torch_adapter.py"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     outcome = re.compile(r"^(tests/\S+::\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")

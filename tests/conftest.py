@@ -154,8 +154,8 @@ def http_server():
     server.server_close()
 
 
-# `HYPOTHESIS_PROFILE=stress pytest tests/test_formats.py` runs many more examples (bug hunting);
-# the default keeps CI quick; `quick` is for slow builds (CI's sanitized run, .ci/run).
+# `HYPOTHESIS_PROFILE=stress pytest tests/formats/test_formats.py` runs many more examples (bug
+# hunting); the default keeps CI quick; `quick` is for slow builds (CI's sanitized run, .ci/run).
 from hypothesis import settings as _hsettings  # noqa: E402
 
 _hsettings.register_profile("default", max_examples=150, deadline=None)

@@ -38,5 +38,5 @@ export LD_PRELOAD="$preload" PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 \
 # The extension is optional (setup.py): a failed build leaves none, and the tests would skip.
 python -c 'import sys, streamio._speedups as s; sys.exit(not s.__file__.startswith(sys.argv[1]))' \
     "$work/" || { echo "$0: the sanitized streamio._speedups did not build or import" >&2; exit 1; }
-[ $# -gt 0 ] || set -- tests/test_speedups.py tests/test_speedups_hostile.py
+[ $# -gt 0 ] || set -- tests/kernels/test_kernel*.py
 python -m pytest -q -s -p no:cacheprovider "$@"

@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import targets as T  # noqa: E402
 
+from streamio.decoders._wire import len_field as _ld  # noqa: E402  (a length-delimited field)
+
 ROOT = Path(__file__).resolve().parents[2]
 # ../shared/peer-fixtures beside the checkout (/work/main), or two levels up (a worktree)
 _PEER_PLACES = [p / "shared" / "peer-fixtures" for p in (ROOT.parent, ROOT.parent.parent)]
@@ -148,19 +150,6 @@ def parse_examples_seeds(rng: random.Random) -> List[bytes]:
         for start in range(0, len(spec), 7):
             seeds.append(T.encode_parse_examples(tf_written, spec[start:start + 7]))
     return seeds
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes(out + bytes([n]))
-
-
-def _ld(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _field_payload(buf: bytes) -> tuple:

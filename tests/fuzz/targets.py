@@ -1,11 +1,11 @@
 """Fuzz targets: each C kernel against its pure-Python reference, as a function of raw bytes.
 
-A target is ``run(ck, data)``: it decodes the fuzzer's bytes into the kernel's arguments, calls
-the kernel from ``ck`` (the C module: the sanitizer build under ``fuzz.py``, the normal build in
-``tests/test_fuzz_harness.py``) and the reference, and raises ``Mismatch`` when they differ. The
-comparison rules are those of ``tests/test_speedups.py`` (same records, same ``(pos, status)``,
-same error message, index and field, same arrays bit for bit, no reference leaked); an exception
-a rule does not expect propagates, and the fuzzer reports it as a crash.
+A target is ``run(ck, data)``: it decodes the fuzzer's bytes into the kernel's arguments, calls the
+kernel from ``ck`` (the C module: the sanitizer build under ``fuzz.py``, the normal build in
+``tests/kernels/test_fuzz_harness.py``) and the reference, and raises ``Mismatch`` when they
+differ. The comparison rules are those of ``tests/kernels/test_kernel_*.py`` (same records, same
+``(pos, status)``, same error message, index and field, same arrays bit for bit, no reference
+leaked); an exception a rule does not expect propagates, and the fuzzer reports it as a crash.
 
 Every target has an ``encode`` that builds an input from readable arguments, so the seeds
 (``make_corpus.py``) are valid streams written by streamio's own writers, and a mutation of a
@@ -14,8 +14,9 @@ seed's payload bytes stays a mutation of the stream. Input layouts are in each d
 To add a kernel: write ``run`` and ``encode``, add a ``Target`` to ``TARGETS`` naming the kernel,
 and seeds in ``make_corpus.py``. A parser of untrusted bytes written in Python only (a wire
 protocol) is a ``Target`` with no kernels: ``run`` ignores ``ck`` and checks the parser's own
-rules, and ``fuzz.py`` always instruments its modules for coverage. ``tests/test_fuzz_harness.py`` fails while a public function of
-``streamio._speedups`` has no target.
+rules, and ``fuzz.py`` always instruments its modules for coverage.
+``tests/kernels/test_fuzz_harness.py`` fails while a public function of ``streamio._speedups`` has
+no target.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _cuts(seed: int, n: int) -> List[int]:
 
 def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int]) -> list:
     """Feed ``data`` split at ``cuts``; record every result, error and counter a user can see
-    (as tests/test_speedups.py does)."""
+    (tests/kernels/test_kernel_framing.py compares the C and Python framers with it)."""
     from streamio.errors import FormatError
 
     framer = make()
@@ -309,7 +310,7 @@ def run_parse_recordio_protobuf(ck: ModuleType, data: bytes) -> None:
 
 # --- decode kernel: CSV numbers -------------------------------------------------------------------
 
-# What the kernel must read (tests/test_speedups.py): plain decimal numbers, nothing else.
+# What the kernel must read (tests/kernels/test_kernel_csv.py): plain decimal numbers, nothing else.
 SIMPLE_NUMBER = re.compile(rb"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 DELIMITERS = (b",", b";")
 MAX_COLUMNS = 8
@@ -337,10 +338,10 @@ def _loadtxt(rows: List[bytes], delimiter: bytes, usecols: Optional[List[int]], 
 
 def run_parse_csv_floats(ck: ModuleType, data: bytes) -> None:
     """Input: ``ncols-1 u8 | flags u8`` (bit 0 float64, bit 1 ';' for ',', bit 2 usecols), then
-    ``count u8 | columns`` if usecols, then the rows joined by ``\\n``. The reference is the
-    rule of tests/test_speedups.py: the kernel returns None unless every row has ncols fields and
-    every selected field is a plain number, and then exactly np.loadtxt's values (compared where
-    no row holds a CR, which loadtxt reads as a line break)."""
+    ``count u8 | columns`` if usecols, then the rows joined by ``\\n``. The reference is the rule
+    of tests/kernels/test_kernel_csv.py: the kernel returns None unless every row has ncols fields
+    and every selected field is a plain number, and then exactly np.loadtxt's values (compared
+    where no row holds a CR, which loadtxt reads as a line break)."""
     inp = Input(data)
     ncols = inp.byte() % MAX_COLUMNS + 1
     flags = inp.byte()

@@ -1,6 +1,6 @@
 """A 2-node Ray cluster on one machine (``ray.cluster_utils.Cluster``, both nodes on 127.0.0.1):
-streamio read tasks spread over both nodes, every record once. Run by tests/test_ray.py inside a
-private network namespace, apart from scenarios.py (one Ray per process)."""
+streamio read tasks spread over both nodes, every record once. Run by tests/adapters/test_ray.py
+inside a private network namespace, apart from scenarios.py (one Ray per process)."""
 
 from __future__ import annotations
 

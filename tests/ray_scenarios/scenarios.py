@@ -1,6 +1,7 @@
-"""streamio on a real local Ray (nothing mocked): run by tests/test_ray.py inside a private network
-namespace with only loopback up (Ray binds every interface and probes 8.8.8.8 to find its
-address). Not named test_*.py, so the suite's own collection never runs it outside the namespace.
+"""streamio on a real local Ray (nothing mocked): run by tests/adapters/test_ray.py inside a
+private network namespace with only loopback up (Ray binds every interface and probes 8.8.8.8 to
+find its address). Not named test_*.py, so the suite's own collection never runs it outside the
+namespace.
 
 One Ray instance for the whole module (starting Ray costs seconds on 2 cores).
 """

@@ -1,4 +1,4 @@
-"""One rank of the DDP test in tests/test_torch_adapter.py.
+"""One rank of the DDP test in tests/adapters/test_torch_adapter.py.
 
 usage: python -m torch.distributed.run --standalone --nproc_per_node=2 ddp_check.py DATADIR OUTDIR
 

@@ -1,4 +1,4 @@
-"""Ranks of one host sharing one FIFO, for tests/test_shared_stream_multirank.py.
+"""Ranks of one host sharing one FIFO, for tests/adapters/test_shared_stream_multirank.py.
 
 usage:
   multirank_check.py rank OUT SOURCE [options]   one rank: DataLoader over SOURCE, writes OUT
@@ -20,10 +20,10 @@ import signal
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from support.examples import ID_X  # noqa: E402
 
-from streamio.decoders import Example, FixedLen
-
-DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32")})
+DECODER = ID_X
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -1,5 +1,5 @@
-"""DataLoader workers sharing one FIFO, for tests/test_shared_fifo.py, run in a fresh process
-(the pytest process may have imported TensorFlow, and forking after that can deadlock).
+"""DataLoader workers sharing one FIFO, for tests/adapters/test_shared_fifo.py, run in a fresh
+process (the pytest process may have imported TensorFlow, and forking after that can deadlock).
 
 usage: shared_fifo_check.py WORKDIR SCENARIO   -> prints one JSON object
 """
@@ -17,11 +17,13 @@ from torch.utils.data import DataLoader
 
 import streamio
 from streamio import Dataset
-from streamio.decoders import Example, FixedLen, encode_example
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from support.examples import ID_X, write_id_examples  # noqa: E402
 
 N = 1000
 EPOCHS = 3
-DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32")})
+DECODER = ID_X
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -33,13 +35,6 @@ def plus_one(batch):
 def slow(batch):
     time.sleep(0.05)
     return batch
-
-
-def write_data(workdir):
-    path = os.path.join(workdir, "data.tfrecord")
-    streamio.write_records(path, "tfrecord", (
-        encode_example({"id": i, "x": np.full(4, i, np.float32)}) for i in range(N)))
-    return path
 
 
 def feed(fifo, data):
@@ -213,7 +208,7 @@ def corrupt(workdir, data):
 
 def main():
     workdir, scenario = sys.argv[1], sys.argv[2]
-    data = write_data(workdir)
+    data = write_id_examples(os.path.join(workdir, "data.tfrecord"), range(N))
     if scenario == "epochs":
         result = {f"{kind}-{w}-{int(p)}": fn(workdir, data, w, p)
                   for kind, fn in (("fifo", plain_fifo), ("channel", pipe_channel))

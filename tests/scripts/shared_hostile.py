@@ -1,4 +1,4 @@
-"""Another local user attacking the shared stream, for tests/test_shared_stream_hostile.py.
+"""Another local user attacking the shared stream, for tests/adapters/test_shared_stream_hostile.py.
 
 Runs as uid 65534 (``setpriv``) inside the test's private network namespace, with the standard
 library only (it cannot read the job's interpreter or its files). What it does, until PUB/stop

@@ -1,5 +1,5 @@
 """A training job sharing one stream while another local user attacks it, for
-tests/test_shared_stream_hostile.py. Runs as root inside a private network namespace
+tests/adapters/test_shared_stream_hostile.py. Runs as root inside a private network namespace
 (``unshare --net``: abstract sockets are per namespace, so nothing outside is reachable).
 
 usage: shared_hostile_check.py WORKDIR HOSTILE_PYTHON   -> prints one JSON object
@@ -19,12 +19,11 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
-import streamio
 from streamio import Dataset
 from streamio.adapters.shared_stream import SharedStreamFeed
-from streamio.decoders import encode_example
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from support.examples import id_example, write_id_examples  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = 2000
@@ -38,10 +37,6 @@ def env(**extra):
     out = {k: v for k, v in os.environ.items() if k not in _JOB_VARIABLES}
     out.update({k: str(v) for k, v in extra.items()})
     return out
-
-
-def example(i):
-    return encode_example({"id": i, "x": np.full(4, i, np.float32)})
 
 
 def wait_for(path, seconds, procs=()):
@@ -79,11 +74,11 @@ def planted(data):
 
 def main(workdir, hostile_python):
     data = os.path.join(workdir, "data.tfrecord")
-    streamio.write_records(data, "tfrecord", (example(i) for i in range(N)))
+    write_id_examples(data, range(N))
     pub = tempfile.mkdtemp(prefix="streamio-hostile-")  # the attacker's own corner
     os.chmod(pub, 0o777)
     with open(os.path.join(pub, "inject.txt"), "w") as f:
-        f.write("\n".join(example(10**6 + i).hex() for i in range(64)))
+        f.write("\n".join(id_example(10**6 + i).hex() for i in range(64)))
     with open(os.path.join(pub, "plant"), "w") as f:
         f.write(PLANTED)
     for name in ("inject.txt", "plant"):

@@ -1,4 +1,5 @@
-"""A DataLoader epoch that fails in a worker, then a good one, for tests/test_torch_adapter.py.
+"""A DataLoader epoch that fails in a worker, then a good one (for
+tests/adapters/test_torch_adapter.py).
 
 Run in a fresh interpreter so that its stderr holds only what this scenario printed: after the
 failed epoch, torch used to print "Exception ignored in _MultiProcessingDataLoaderIter.__del__

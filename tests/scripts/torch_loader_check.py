@@ -1,4 +1,4 @@
-"""DataLoader scenarios for tests/test_torch_adapter.py, run in a fresh process.
+"""DataLoader scenarios for tests/adapters/test_torch_adapter.py, run in a fresh process.
 
 A process that imported TensorFlow must not fork DataLoader workers (it can deadlock), and the
 pytest process may have imported it; so the worker scenarios run here and print one JSON object.
@@ -12,31 +12,18 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 import streamio
-from streamio.decoders import Example, FixedLen
-from streamio.decoders import encode_example
 from streamio.pipeline import Dataset
 from streamio.torch import to_device
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from support.examples import ID_X, write_id_parts  # noqa: E402
+
 FILE_SIZES = [37, 50, 13, 41, 29, 30]  # uneven on purpose: 200 records in 6 files
-DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32")})
-
-
-def write_files(workdir, sizes=FILE_SIZES):
-    """TFRecord files of Examples {id, x = [id] * 4}, ids counting on across the files."""
-    paths, first = [], 0
-    for k, n in enumerate(sizes):
-        path = os.path.join(workdir, f"part-{k}.tfrecord")
-        streamio.write_records(path, "tfrecord", (
-            encode_example({"id": i, "x": np.full(4, i, np.float32)})
-            for i in range(first, first + n)))
-        paths.append(path)
-        first += n
-    return paths
+DECODER = ID_X
 
 
 def epoch_ids(loader):
@@ -126,7 +113,7 @@ def stats_from_workers(paths):
 
 def main():
     workdir = sys.argv[1]
-    paths = write_files(workdir)
+    paths = write_id_parts(workdir, FILE_SIZES)
     result = {
         "all_ids": list(range(sum(FILE_SIZES))),
         "workers": workers_scenarios(paths),

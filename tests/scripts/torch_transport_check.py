@@ -1,5 +1,5 @@
-"""DataLoader workers hand batches to the main process (tests/test_torch_transport.py), run in a
-fresh process (a process that imported TensorFlow must not fork DataLoader workers).
+"""DataLoader workers hand batches to the main process (tests/adapters/test_torch_transport.py),
+run in a fresh process (a process that imported TensorFlow must not fork DataLoader workers).
 
 Prints one JSON object: for each case, whether every batch arrived as a plain dict of writable
 tensors equal to the batch the main process makes itself from the same records.

@@ -14,11 +14,12 @@ import time
 import numpy as np
 import pytest
 
-import streamio
 from streamio.decoders import Csv, Example, FixedLen, VarLen, encode_example
 from streamio.errors import DecodeError
 from streamio.pipeline import Dataset, Prefetcher
 from streamio.pipeline.prefetch import AUTO_MAX_BYTES, AUTO_MAX_ITEMS, AUTO_START
+
+from support.examples import write_tfrecords
 
 FIXED = {"x": FixedLen((2, 2), "float32"), "id": FixedLen((), "int64"),
          "name": FixedLen((), "bytes")}
@@ -37,11 +38,6 @@ class Counting(Example):
 def fixed_record(i: int) -> bytes:
     return encode_example({"x": np.arange(4, dtype=np.float32) + i, "id": i,
                            "name": b"r%d" % i})
-
-
-def write_examples(path, records) -> str:
-    streamio.write_records(str(path), "tfrecord", records)
-    return str(path)
 
 
 def assert_same_batch(got: dict, want: dict) -> None:
@@ -64,7 +60,7 @@ def expected_batches(path, decoder, batch_size, seed, **options) -> list:
 @pytest.mark.parametrize("read_size", [4096, None])
 def test_fixed_shape_blocks_decode_once_and_slice_into_the_same_batches(tmp_path, seed, read_size):
     n, size = 3001, 16  # a 4096-byte chunk holds about 50 records: 3 batches
-    path = write_examples(tmp_path / "fixed.tfrecord", (fixed_record(i) for i in range(n)))
+    path = write_tfrecords(tmp_path / "fixed.tfrecord", (fixed_record(i) for i in range(n)))
     options = {} if read_size is None else {"read_size": read_size}
     want = expected_batches(path, Example(FIXED), size, seed, **options)
     decoder = Counting(FIXED)
@@ -88,7 +84,7 @@ def test_varlen_fields_are_padded_per_batch_not_per_block(tmp_path):
     lengths = [20 if i == 100 else i % 5 for i in range(n)]
     records = [encode_example({"id": i, "tags": np.arange(k, dtype=np.int64)})
                for i, k in enumerate(lengths)]
-    path = write_examples(tmp_path / "var.tfrecord", records)
+    path = write_tfrecords(tmp_path / "var.tfrecord", records)
     features = {"id": FixedLen((), "int64"), "tags": VarLen("int64", pad_value=-1)}
     decoder = Counting(features)
     got = list(Dataset(path, "tfrecord", decoder=decoder).batch(size))
@@ -140,7 +136,7 @@ def test_a_bad_record_delivers_the_whole_batches_before_it_and_names_itself(
     n, size, bad = 2000, 32, 1234
     records = [fixed_record(i) for i in range(n)]
     records[bad] = b"\xff\xff\xff"  # framed fine, not an Example
-    path = write_examples(tmp_path / "bad.tfrecord", records)
+    path = write_tfrecords(tmp_path / "bad.tfrecord", records)
     options = {} if read_size is None else {"read_size": read_size}
     ds = Dataset(path, "tfrecord", decoder=Example(FIXED), **options).batch(size)
     if prefetch == "auto":
@@ -159,7 +155,7 @@ def test_a_bad_record_delivers_the_whole_batches_before_it_and_names_itself(
 def test_a_bad_record_is_named_in_its_stream_after_a_shuffle(tmp_path):
     records = [fixed_record(i) for i in range(2000)]
     records[777] = b"\xff\xff\xff"
-    path = write_examples(tmp_path / "bad.tfrecord", records)
+    path = write_tfrecords(tmp_path / "bad.tfrecord", records)
     ds = Dataset(path, "tfrecord", decoder=Example(FIXED)).shuffle(300, seed=1).batch(32)
     with pytest.raises(DecodeError) as info:
         list(ds.prefetch())
@@ -168,7 +164,7 @@ def test_a_bad_record_is_named_in_its_stream_after_a_shuffle(tmp_path):
 
 # -- e) prefetch(): every record once, in order; errors come through -------------------------------
 def test_auto_prefetch_delivers_every_record_once_in_order(tmp_path):
-    path = write_examples(tmp_path / "p.tfrecord", (fixed_record(i) for i in range(3000)))
+    path = write_tfrecords(tmp_path / "p.tfrecord", (fixed_record(i) for i in range(3000)))
     plain = list(Dataset(path, "tfrecord", read_size=4096))
     assert list(Dataset(path, "tfrecord", read_size=4096).prefetch()) == plain
     assert [r for b in Dataset(path, "tfrecord").batch(7).prefetch() for r in b] == plain

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "bitflip", Path(__file__).resolve().parent.parent / "benchmarks" / "bitflip.py")
+    "bitflip", Path(__file__).resolve().parents[2] / "benchmarks" / "bitflip.py")
 bitflip = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bitflip)
 

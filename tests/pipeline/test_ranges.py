@@ -29,8 +29,9 @@ from streamio.reader import PAST_END_READ_SIZE
 from streamio.sources.ranged import split_range
 
 from hostile_http import HostileHTTPServer
+from support.s3 import moto_endpoint, s3_client
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 FORMATS = [("tfrecord", {}), ("recordio", {}), ("recordio", {"multipart": "concat"}),
            ("lines", {})]
 IDS = ["tfrecord", "recordio-dmlc", "recordio-concat", "lines"]
@@ -376,23 +377,13 @@ def test_recordio_concat_payload_holding_a_frame_header(tmp_path):
 # -- S3 through smart_open (a real S3-protocol server on 127.0.0.1: moto's server mode) --------
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_endpoint() as url:
+        yield url
 
 
 def test_s3_object_split_by_range(s3_endpoint, monkeypatch):
-    boto3 = pytest.importorskip("boto3")
     pytest.importorskip("smart_open")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="ranges")
+    client = s3_client(s3_endpoint, monkeypatch, "ranges")
     rng = random.Random(5)
     records = [rng.randbytes(rng.randint(100, 3000)) for _ in range(600)]
     data = b"".join(streamio.formats.encode_tfrecord(r) for r in records)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-HERE = Path(__file__).resolve().parent / "ray_scenarios"
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "tests" / "ray_scenarios"
 FILES = ("scenarios.py", "cluster.py")
 _UNSHARE = ("unshare", "--net", "--pid", "--fork", "--mount-proc")
 #: The whole inner run (Ray start, ~15 scenarios, a TorchTrainer) on a busy 2-core machine.

@@ -24,7 +24,7 @@ from streamio.sources import HttpSource
 from hostile_http import HostileHTTPServer, closed_port
 from hang_guard import bounded
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 RECORDS = [b"record %04d " % i + bytes(range(i % 200)) for i in range(300)]
 DATA = b"".join(encode_tfrecord(r) for r in RECORDS)
 # The same framing (every record the same length as in DATA), other payloads: a splice of DATA

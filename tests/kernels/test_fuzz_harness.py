@@ -17,7 +17,7 @@ import pytest
 speedups = pytest.importorskip(
     "streamio._speedups", reason="C accelerator not built (python setup.py build_ext --inplace)")
 
-FUZZ = Path(__file__).resolve().parent / "fuzz"
+FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
 sys.path.insert(0, str(FUZZ))
 
 import make_corpus  # noqa: E402

@@ -28,6 +28,8 @@ from streamio.pipeline import Dataset, Prefetcher, ShuffleBuffer
 from streamio.pipeline.shuffle import NUMPY_MIN_BUFFER, derive_rng
 from streamio.pipeline.stats import STATS_KEYS
 
+from support.protobuf import field, varint
+
 
 def rec(i: int, pad: int = 8) -> bytes:
     return b"%08d" % i + b"." * pad
@@ -722,26 +724,13 @@ def test_stats_count_delivery_damage_and_time(tmp_path):
 
 
 # -- decoders -------------------------------------------------------------------------------------
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
 
 def example_with_id(i: int) -> bytes:
     """tf.train.Example{features{feature{"id": int64_list{value: [i]}}}}, by hand."""
-    int64_list = _field(1, _varint(i))
-    feature = _field(3, int64_list)
-    entry = _field(1, b"id") + _field(2, feature)
-    return _field(1, _field(1, entry))
+    int64_list = field(1, varint(i))
+    feature = field(3, int64_list)
+    entry = field(1, b"id") + field(2, feature)
+    return field(1, field(1, entry))
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from streamio.adapters.shared_stream import SharedStreamFeed
 
 pytest.importorskip("torch")
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "shared_fifo_check.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "shared_fifo_check.py")
 N = 1000
 
 

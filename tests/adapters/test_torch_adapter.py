@@ -26,26 +26,15 @@ from streamio.pipeline import Dataset  # noqa: E402
 from streamio.torch import convert_batch, even_batches, to_device, to_torch  # noqa: E402
 
 from conftest import SCRIPTS  # noqa: E402
+from support.examples import ID_X, write_id_parts  # noqa: E402
 
-DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32")})
+DECODER = ID_X
 SUBPROCESS_TIMEOUT = 120
-
-
-def write_parts(directory, sizes, first=0):
-    paths = []
-    for k, n in enumerate(sizes):
-        path = os.path.join(directory, f"part-{k}.tfrecord")
-        streamio.write_records(path, "tfrecord", (
-            encode_example({"id": i, "x": np.full(4, i, np.float32)})
-            for i in range(first, first + n)))
-        paths.append(path)
-        first += n
-    return paths
 
 
 @pytest.fixture
 def parts(tmp_path):
-    return write_parts(str(tmp_path), [37, 50, 13, 41, 29, 30])  # 200 records, uneven
+    return write_id_parts(str(tmp_path), [37, 50, 13, 41, 29, 30])  # 200 records, uneven
 
 
 def ids_of(batches):
@@ -139,8 +128,8 @@ def test_plans_split_sources_exactly_once(parts, world_size, num_workers):
 
 def test_plan_shares_one_fifo_between_local_ranks_and_refuses_unsaid_hosts(tmp_path,
                                                                            monkeypatch):
-    # (Workers and local ranks sharing it for real: tests/test_shared_fifo.py and
-    # tests/test_shared_stream_multirank.py.)
+    # (Workers and local ranks sharing it for real: tests/adapters/test_shared_fifo.py and
+    # tests/adapters/test_shared_stream_multirank.py.)
     from streamio.adapters.shared_stream import SharedStreamFeed
     for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -299,7 +288,7 @@ def test_torchrun_two_ranks_two_workers_equal_batches(tmp_path):
                                  ("uneven", [5, 40, 7, 33, 12, 3, 26, 50], 1000),
                                  ("lopsided", [10, 10, 0, 0], 2000)):
         os.makedirs(tmp_path / layout)
-        write_parts(str(tmp_path / layout), sizes, first=first)
+        write_id_parts(str(tmp_path / layout), sizes, first=first)
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, OMP_NUM_THREADS="1")

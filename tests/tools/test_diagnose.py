@@ -16,7 +16,7 @@ import streamio
 from streamio import Dataset, Example, FixedLen, PipeChannel
 
 SPEC = {"x": FixedLen([32], "float32"), "y": FixedLen([], "int64")}
-SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts")
 
 
 @pytest.fixture(scope="module")

@@ -382,10 +382,10 @@ def test_the_collector_rejects_bad_markers():
     assert parse_marker("skip (needs an S3 bucket)") == ("skip", "needs an S3 bucket")
     assert parse_marker("setup examples x=32; data-dir") == (
         "run", [("examples", {"x": "32"}), ("data-dir", {})])
-    assert parse_marker("tested-by tests/test_docs.py::test_python_snippet_runs") == (
-        "skip", "runs in tests/test_docs.py::test_python_snippet_runs")
+    assert parse_marker("tested-by tests/docs/test_docs.py::test_python_snippet_runs") == (
+        "skip", "runs in tests/docs/test_docs.py::test_python_snippet_runs")
     for bad in ("skip", "skip ()", "skip ( )", "skipped (why)", "setup no-such-fixture",
-                "setup examples 32", "run", "tested-by tests/test_docs.py::no_such_test",
+                "setup examples 32", "run", "tested-by tests/docs/test_docs.py::no_such_test",
                 "tested-by tests/no_such_file.py::test_x"):
         with pytest.raises(AssertionError):
             parse_marker(bad)

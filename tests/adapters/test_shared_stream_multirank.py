@@ -12,36 +12,28 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 import streamio
 from streamio import Dataset
 from streamio.adapters.shared_stream import SharedStreamFeed, stream_address
-from streamio.decoders import encode_example
 
 from hang_guard import bounded
+from support.examples import write_id_examples
 
 pytest.importorskip("torch")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 SCRIPT = os.path.join(HERE, "scripts", "multirank_check.py")
 N = 400
 EPOCHS = 2
 
 
-def write_data(path: str, first: int) -> str:
-    streamio.write_records(path, "tfrecord", (
-        encode_example({"id": i, "x": np.full(4, i, np.float32)})
-        for i in range(first, first + N)))
-    return path
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("multirank-data")
-    return {"a": write_data(str(root / "a.tfrecord"), 0),
-            "b": write_data(str(root / "b.tfrecord"), 10_000)}
+    return {"a": write_id_examples(str(root / "a.tfrecord"), range(N)),
+            "b": write_id_examples(str(root / "b.tfrecord"), range(10_000, 10_000 + N))}
 
 
 def free_port() -> int:

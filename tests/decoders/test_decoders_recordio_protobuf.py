@@ -20,6 +20,7 @@ from streamio.decoders.recordio_protobuf import (encode_recordio_protobuf, parse
 from streamio.errors import DecodeError
 
 from conftest import peer
+from support.protobuf import field, varints
 
 
 def decode(path, decoder=None, **reader_options):
@@ -211,11 +212,11 @@ def test_later_record_with_another_length_dtype_or_missing_tensor_is_named():
         ((np.ones((1, 3), np.float64), np.ones(1, np.float32)), "float64_tensor where the first record", "values"),
         ((np.ones((1, 3), np.float32), None), "lacks the label tensor", "label_values"),
     ]
-    for bad, message, field in cases:
+    for bad, message, name in cases:
         decoder = RecordIOProtobuf()
         with pytest.raises(DecodeError, match=message) as info:
             decoder.decode_batch(_payloads(good, good, bad), source="s3://b/k", first_index=1000)
-        assert (info.value.record_index, info.value.field, info.value.source) == (1002, field, "s3://b/k")
+        assert (info.value.record_index, info.value.field, info.value.source) == (1002, name, "s3://b/k")
 
 
 def test_first_batch_primes_the_schema_and_fresh_forgets_it():
@@ -372,34 +373,17 @@ def test_bad_keys_name_their_own_record_not_an_earlier_negative_float(accelerate
 
 # --- hostile shapes and keys (issue 10, finding 5) ---------------------------------------------------
 
-def _field(number, payload):
-    return _uvarint(number << 3 | 2) + _uvarint(len(payload)) + payload
-
-
-def _uvarint(n):
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _uvarints(numbers):
-    return b"".join(map(_uvarint, numbers))
-
-
 def hand_record(values=None, keys=None, shape=None, key=b"values", section=1, kind=2):
     """One ``Record`` with a float32 (kind 2) tensor, written field by field so that any uint64
     shape or key can be put on the wire, as a hostile or broken writer could."""
     body = b""
     if values is not None:
-        body += _field(1, np.asarray(values, "<f4").tobytes())
+        body += field(1, np.asarray(values, "<f4").tobytes())
     if keys is not None:
-        body += _field(2, _uvarints(keys))
+        body += field(2, varints(keys))
     if shape is not None:
-        body += _field(3, _uvarints(shape))
-    return _field(section, _field(1, key) + _field(2, _field(kind, body)))
+        body += field(3, varints(shape))
+    return field(section, field(1, key) + field(2, field(kind, body)))
 
 
 GOOD_SPARSE = hand_record([1.0], [3], [10])
@@ -568,7 +552,7 @@ def test_label_only_records_as_linear_learner_and_kmeans_write_them(tmp_path):
     # Linear Learner's RecordIO-protobuf output: label map {score, predicted_label}, no features;
     # KMeans': {closest_cluster, distance_to_cluster}.
     def output_record(**labels):
-        return b"".join(_field(2, _field(1, k.encode()) + _field(2, _field(2, _field(
+        return b"".join(field(2, field(1, k.encode()) + field(2, field(2, field(
             1, np.array([v], "<f4").tobytes())))) for k, v in labels.items())
 
     linear = [output_record(score=0.25 * i, predicted_label=float(i % 2)) for i in range(5)]
@@ -583,7 +567,7 @@ def test_label_only_records_as_linear_learner_and_kmeans_write_them(tmp_path):
     # Selecting only the label works too, and a record with no tensor at all is still refused.
     assert RecordIOProtobuf(label=["score"]).decode_batch(linear[:1])["label_score"].tolist() == [[0.0]]
     with pytest.raises(DecodeError, match="no features and no label"):
-        RecordIOProtobuf().decode_batch([_field(3, b"uid-only")])
+        RecordIOProtobuf().decode_batch([field(3, b"uid-only")])
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,6 +9,7 @@ from streamio.errors import SourceError
 
 from conftest import FIXTURES
 from fixtures.make_fixtures import payloads
+from support.s3 import moto_endpoint, s3_client
 
 moto_server = pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
@@ -16,23 +17,13 @@ boto3 = pytest.importorskip("boto3")
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_endpoint() as url:
+        yield url
 
 
 @pytest.fixture
 def bucket(s3_endpoint, monkeypatch):
-    # boto3 reads these; streamio itself reads no environment variables.
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    client = boto3.client("s3")
-    client.create_bucket(Bucket="streamio-test")
-    return client
+    return s3_client(s3_endpoint, monkeypatch, "streamio-test")
 
 
 def test_s3_object_streams_and_decompresses(bucket):

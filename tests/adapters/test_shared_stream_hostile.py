@@ -34,7 +34,7 @@ from streamio.adapters.shared_stream import SharedStreamFeed, dealer_address, st
 
 from hang_guard import bounded
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 SCRIPT = os.path.join(HERE, "scripts", "shared_hostile_check.py")
 N = 2000
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
