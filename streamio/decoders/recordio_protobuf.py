@@ -30,13 +30,15 @@ import numpy as np
 
 from ._wire import (WireError, _skip_value, decode_packed_varints, encode_packed_varints,
                     encode_varint, read_len, read_varint)
-from .example import (_MIN_GROUP, FixedLen, SkeletonLayout, VarLen, _merge, _read_tag,
-                      _Where, map_entry, span_values, vectorisable_groups)
+from ._example_fast import _MIN_GROUP, SkeletonLayout, _merge, span_values, vectorisable_groups
+from ._example_parse import _read_tag, map_entry
+from ._example_spec import FixedLen, VarLen
+from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec
 from ..errors import UsageError, UsageTypeError
 
-try:  # the C kernel (streamio/_c/protobuf.c); tests/test_speedups.py holds it to the reference
+try:  # the C kernel (streamio/_c/pb_recordio.c); tests/test_speedups.py holds it to the reference
     from .._speedups import parse_recordio_protobuf as _c_parse_recordio_protobuf
 except ImportError:  # pragma: no cover - depends on the build
     _c_parse_recordio_protobuf = None
