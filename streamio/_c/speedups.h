@@ -14,6 +14,7 @@
  *   csv.c        parse_csv_floats                      numpy.loadtxt (the CSV decoder's fast path)
  *   shuffle.c    shuffle_exchange(_int64)              streamio/pipeline/shuffle.py (_ExchangePlan)
  *   resample.c   resample                              Pillow's Image.resize (streamio/decoders/_resample.py)
+ *                (its SSE4.1/AVX2 passes in resample_x86.c, what both share in resample.h)
  *   module.c     the module: each family's method table, shared numpy helpers
  */
 #ifndef STREAMIO_SPEEDUPS_H
