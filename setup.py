@@ -11,16 +11,20 @@ SPEEDUPS_SOURCES = [
     "streamio/_c/module.c",
     "streamio/_c/crc.c",
     "streamio/_c/framing.c",
-    "streamio/_c/protobuf.c",
+    "streamio/_c/pb_batch.c",
+    "streamio/_c/pb_example.c",
+    "streamio/_c/pb_recordio.c",
     "streamio/_c/csv.c",
     "streamio/_c/shuffle.c",
     "streamio/_c/resample.c",
+    "streamio/_c/resample_x86.c",
 ]
 
 speedups = Extension(
     "streamio._speedups",
     sources=SPEEDUPS_SOURCES,
-    depends=["streamio/_c/speedups.h"],
+    depends=["streamio/_c/speedups.h", "streamio/_c/pb_wire.h", "streamio/_c/pb_batch.h",
+             "streamio/_c/resample.h"],
     extra_compile_args=["-O3", "-std=c99"],
     optional=True,
 )

@@ -44,8 +44,8 @@ static struct PyModuleDef speedups_module = {
 
 PyMODINIT_FUNC PyInit__speedups(void)
 {
-    PyMethodDef *families[] = {crc_methods, framing_methods, protobuf_methods, csv_methods,
-                               shuffle_methods, resample_methods};
+    PyMethodDef *families[] = {crc_methods, framing_methods, example_methods, recordio_methods,
+                               csv_methods, shuffle_methods, resample_methods};
     crc_init();
     resample_init();
     PyObject *m = PyModule_Create(&speedups_module);

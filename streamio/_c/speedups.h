@@ -4,16 +4,18 @@
  * errors included; tests/test_speedups.py holds each to it with Hypothesis on valid, mutated and
  * random input. The package works without this module: it is built as an optional extension.
  *
- *   crc.c        crc32c, crc32c_portable               the crc32c package
- *   framing.c    scan_tfrecords, scan_recordio         streamio/formats/tfrecord.py, recordio.py
- *                find_tfrecord_sync, find_recordio_sync (the loops beside them)
- *   protobuf.c   parse_examples                        streamio/decoders/example.py
- *                parse_sequence_examples               streamio/decoders/example.py
- *                parse_recordio_protobuf               streamio/decoders/recordio_protobuf.py
- *   csv.c        parse_csv_floats                      numpy.loadtxt (the CSV decoder's fast path)
- *   shuffle.c    shuffle_exchange(_int64)              streamio/pipeline/shuffle.py (_ExchangePlan)
- *   resample.c   resample                              Pillow's Image.resize (streamio/decoders/_resample.py)
- *   module.c     the module: each family's method table, shared numpy helpers
+ *   crc.c          crc32c, crc32c_portable               the crc32c package
+ *   framing.c      scan_tfrecords, scan_recordio         streamio/formats/tfrecord.py, recordio.py
+ *                  find_tfrecord_sync, find_recordio_sync (the loops beside them)
+ *   pb_example.c   parse_examples                        streamio/decoders/example.py
+ *                  parse_sequence_examples               streamio/decoders/example.py
+ *   pb_recordio.c  parse_recordio_protobuf               streamio/decoders/recordio_protobuf.py
+ *                  (both over pb_wire.h, the wire reading, and pb_batch.h/.c, the batch helpers)
+ *   csv.c          parse_csv_floats                      numpy.loadtxt (the CSV decoder's fast path)
+ *   shuffle.c      shuffle_exchange(_int64)              streamio/pipeline/shuffle.py (_ExchangePlan)
+ *   resample.c     resample                              Pillow's Image.resize (streamio/decoders/_resample.py)
+ *                  (its SSE4.1/AVX2 passes in resample_x86.c, what both share in resample.h)
+ *   module.c       the module: each family's method table, shared numpy helpers
  */
 #ifndef STREAMIO_SPEEDUPS_H
 #define STREAMIO_SPEEDUPS_H
@@ -131,7 +133,8 @@ PyObject *new_storage(Py_ssize_t n, char **data);
 /* Each family's methods, added to the module by module.c. */
 extern PyMethodDef crc_methods[];
 extern PyMethodDef framing_methods[];
-extern PyMethodDef protobuf_methods[];
+extern PyMethodDef example_methods[];
+extern PyMethodDef recordio_methods[];
 extern PyMethodDef csv_methods[];
 extern PyMethodDef shuffle_methods[];
 extern PyMethodDef resample_methods[];

@@ -10,7 +10,8 @@ it is taken when every selected column is numeric (float or integer), no field i
 the batch parses cleanly (missing values are first rewritten to ``nan`` in the joined bytes).
 Anything else (quotes, ``str`` columns, a bad value) goes through the general path: Python's C
 ``csv`` module splits the rows, numpy converts each column block, and a failure is traced to
-the exact row and column for the error message."""
+the exact row and column for the error message. The column plan and the numpy fast path are in
+``_csv_plan``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..errors import DecodeError
 from ..errors import UsageError, UsageTypeError
+from ._csv_plan import _TEXT, _fields_per_row_ok, _loadtxt, _Plan
 from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec
@@ -45,7 +47,6 @@ FEATURES = "features"
 _BOM = codecs.BOM_UTF8
 _NUMERIC = {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
             "uint32", "uint64", "bool"}
-_TEXT = {"str", "bytes"}
 # A column value that numpy parses as a number must never be treated as a missing value by the
 # fast path, so the fast path is off when a na_value is itself a number.
 
@@ -609,30 +610,6 @@ class Csv:
         return value
 
 
-def _loadtxt(rows: List[bytes], plan: "_Plan", delimiter: str, every_column: bool
-             ) -> Optional[np.ndarray]:
-    if not all(rows):
-        return None  # an empty row (one missing value): loadtxt would warn and skip it
-    try:
-        return np.loadtxt(rows, dtype=plan.fast_dtype, delimiter=delimiter, quotechar=None,
-                          comments=None, ndmin=1 if plan.fast_dtype.names else 2,
-                          usecols=None if every_column else plan.used, encoding="latin-1")
-    except ValueError:
-        return None
-
-
-def _fields_per_row_ok(joined: bytes, delimiter: bytes, nrows: int, ncols: int) -> bool:
-    """Whether every row of an unquoted batch has ``ncols`` fields (vectorised count)."""
-    data = np.frombuffer(joined, dtype=np.uint8)
-    breaks = np.flatnonzero(data == 10)
-    if len(breaks) != nrows - 1:
-        return False
-    seen = np.concatenate(([0], np.cumsum(data == delimiter[0])))
-    starts = np.concatenate(([0], breaks + 1))
-    ends = np.concatenate((breaks, [len(data)]))
-    return bool(((seen[ends] - seen[starts]) == ncols - 1).all())
-
-
 def _first_non_number_text(column: np.ndarray) -> int:
     """Index (in ``column.ravel()``) of the first value that holds a non-ASCII character or an
     underscore, or -1. Python's ``float()`` (which numpy's ``astype`` uses on text) reads
@@ -673,62 +650,3 @@ def _clean(row: bytes) -> bytes:
 
 def _row_index(positions: Optional[np.ndarray], k: int) -> int:
     return k if positions is None else int(positions[k])
-
-
-class _Plan:
-    """Which columns go where, fixed by the first row (or the header).
-
-    ``outputs``: ``(name, column index, dtype)`` for one-column outputs, ``(name, [column
-    indices], dtype)`` for the stacked ``features``.
-    """
-
-    def __init__(self, names: List[str], outputs: List[Tuple[str, Union[int, List[int]], str]],
-                 label: Optional[int], feature_cols: List[int]) -> None:
-        self.names = names
-        self.outputs = outputs
-        self.label = label
-        self.no_text = all(dtype not in _TEXT for _, _, dtype in outputs)
-        self.used = sorted(set(feature_cols) | ({label} if label is not None else set()))
-        self._slot = {c: k for k, c in enumerate(self.used)}
-        dtypes = {c: np.dtype(dtype) for _, cols, dtype in outputs if dtype not in _TEXT
-                  for c in ([cols] if isinstance(cols, int) else cols)}
-        # numpy's C parser takes float and integer columns; bool and text go the general way.
-        self.fast = self.no_text and all(d.kind in "fiu" for d in dtypes.values())
-        if not self.fast:
-            self.fast_dtype = np.dtype(np.float32)  # unused
-        elif len(set(dtypes.values())) <= 1:
-            # One dtype: a plain 2-D table. Float32 parsing goes through a double in numpy's
-            # parser as in Python's float(), so both paths give the same values.
-            self.fast_dtype = next(iter(dtypes.values()), np.dtype(np.float32))
-        else:
-            self.fast_dtype = np.dtype([(f"c{c}", dtypes[c]) for c in self.used])
-
-    def assemble_fast(self, table: np.ndarray) -> Dict[str, np.ndarray]:
-        out = {}
-        if table.dtype.names:
-            for name, cols, dtype in self.outputs:
-                if isinstance(cols, int):
-                    out[name] = np.ascontiguousarray(table[f"c{cols}"])
-                else:
-                    block = np.empty((len(table), len(cols)), dtype=dtype)
-                    for k, c in enumerate(cols):
-                        block[:, k] = table[f"c{c}"]
-                    out[name] = block
-            return out
-        for name, cols, dtype in self.outputs:
-            if isinstance(cols, int):
-                out[name] = np.ascontiguousarray(table[:, self._slot[cols]], dtype=dtype)
-            else:
-                slots = [self._slot[c] for c in cols]
-                if slots == list(range(table.shape[1])):
-                    out[name] = table.astype(dtype, copy=False)
-                else:
-                    out[name] = np.ascontiguousarray(table[:, slots], dtype=dtype)
-        return out
-
-    def empty(self) -> Dict[str, np.ndarray]:
-        out = {}
-        for name, cols, dtype in self.outputs:
-            np_dtype = np.dtype(object) if dtype in _TEXT else np.dtype(dtype)
-            out[name] = np.empty((0,) if isinstance(cols, int) else (0, len(cols)), dtype=np_dtype)
-        return out
