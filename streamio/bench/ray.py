@@ -34,8 +34,8 @@ _INSIDE = "--inside-namespace"
 
 
 def _write_examples(path: str, n: int, rng: np.random.Generator) -> None:
-    from .bench import example_payloads
-    from .reader import write_records
+    from .workloads import example_payloads
+    from ..reader import write_records
 
     payloads, _, _ = example_payloads(n, rng)
     write_records(path, "tfrecord", (row.tobytes() for row in payloads))
@@ -56,9 +56,10 @@ def run(args: argparse.Namespace) -> list:
     import ray
     import streamio
     import streamio.ray as sray
-    from .bench import EXAMPLE_FLOATS, recordio_protobuf_payloads
-    from .decoders import Example, FixedLen, RecordIOProtobuf
-    from .reader import write_records
+    from .config import EXAMPLE_FLOATS
+    from .workloads import recordio_protobuf_payloads
+    from ..decoders import Example, FixedLen, RecordIOProtobuf
+    from ..reader import write_records
 
     rng = np.random.default_rng(0)
     tmp = args.tmpdir or tempfile.mkdtemp(prefix="streamio-bench-ray-")
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> list:
 
 
 def _first(path: str, n: int):
-    from .reader import read_records
+    from ..reader import read_records
 
     for i, record in enumerate(read_records(path, "tfrecord")):
         if i >= n:
@@ -180,7 +181,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print("streamio bench --workloads ray needs unshare (util-linux)", file=sys.stderr)
             return 2
         env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1")
-        inner = " ".join([sys.executable, "-m", "streamio.bench_ray", _INSIDE,
+        inner = " ".join([sys.executable, "-m", "streamio.bench.ray", _INSIDE,
                           *(_quote(a) for a in argv)])
         return subprocess.call(["unshare", "--net", "--pid", "--fork", "--mount-proc",
                                 "--kill-child", "sh", "-c", f"ip link set lo up && exec {inner}"],
