@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence, TextIO
 
 from ..decoders import encode_example
-from ..errors import StreamioError, UsageError
+from ..errors import PackError, UsageError
 from ..formats import encode_recordio, encode_tfrecord
 from .index import index_path, write_index_file
 from .pack_checks import check_inside, claim_prefix, create_temp, image_problem, printable
@@ -50,14 +50,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 _IR_HEADER = struct.Struct("<IfQQ")  # im2rec IRHeader: flag, label, id, id2
 _EXAMPLE_OVERHEAD = 64  # feature names and framing, for planning only
 _SUFFIX = {"tfrecord": ".tfrecord", "recordio": ".rec"}
-
-
-class PackError(StreamioError):
-    """A file could not be packed (``path`` names it) or the pack cannot go on."""
-
-    def __init__(self, message: str, *, path: Optional[str] = None) -> None:
-        self.path = path
-        super().__init__(f"{message}: {path}" if path else message)
 
 
 @dataclass
