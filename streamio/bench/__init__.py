@@ -51,7 +51,8 @@ checks).
 """
 
 from .cli import main
-from .config import BenchConfig
+from .config import DEFAULT_EXAMPLES, BenchConfig
+from .report import format_table, full_scale
 from .run import run_benchmark
 
-__all__ = ["BenchConfig", "main", "run_benchmark"]
+__all__ = ["BenchConfig", "DEFAULT_EXAMPLES", "format_table", "full_scale", "main", "run_benchmark"]

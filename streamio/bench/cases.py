@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._util import batch_rows
 from .config import ADAPTER_PARTS, BenchConfig, EXAMPLE_FLOATS, FIXED_PREFETCH, READ_SIZE
 from .workloads import Workload
 
@@ -79,19 +80,10 @@ def _format_of(workload: str) -> str:
             "large": "tfrecord", "csv": "csv", "recordio": "recordio"}[workload]
 
 
-def _rows_of(batch: Any) -> int:
-    if isinstance(batch, dict):
-        first = next(iter(batch.values()))
-        return len(first)
-    if isinstance(batch, tuple):
-        return len(batch[0])
-    return len(batch)
-
-
 def _count_batches(dataset: Any) -> int:
     n = 0
     for batch in dataset:
-        n += _rows_of(batch)
+        n += batch_rows(batch)
     return n
 
 
@@ -164,7 +156,7 @@ def _dataset_case(w: Workload, format: str, make_decoder: Callable[[], Any], bs:
     def make() -> Callable[[str], int]:
         Dataset = _dataset_class()
         decoder = make_decoder()
-        _check_decoder(decoder, w, _rows_of)
+        _check_decoder(decoder, w, batch_rows)
         return lambda path: _count_batches(
             Dataset(path if sources is None else sources, format, decoder=decoder).batch(bs))
     return make
@@ -187,7 +179,7 @@ def _bare_decode(w: Workload, bs: int) -> Callable[[str], int]:
     from ..reader import RecordReader
 
     decoder = example_decoder()
-    _check_decoder(decoder, w, _rows_of)
+    _check_decoder(decoder, w, batch_rows)
 
     def run(path: str) -> int:
         n = 0
@@ -197,10 +189,10 @@ def _bare_decode(w: Workload, bs: int) -> Callable[[str], int]:
                 records = pending + records
             stop = len(records) - len(records) % bs
             for s in range(0, stop, bs):
-                n += _rows_of(decoder.decode_batch(records[s:s + bs]))
+                n += batch_rows(decoder.decode_batch(records[s:s + bs]))
             pending = records[stop:]
         if pending:
-            n += _rows_of(decoder.decode_batch(pending))
+            n += batch_rows(decoder.decode_batch(pending))
         return n
     return run
 
@@ -212,7 +204,7 @@ def _pipeline_cases(cfg: BenchConfig, w: Workload) -> list:
         def make():
             Dataset = _dataset_class()
             decoder = example_decoder()
-            _check_decoder(decoder, w, _rows_of)
+            _check_decoder(decoder, w, batch_rows)
 
             def run(path: str) -> int:
                 ds = Dataset(path, "tfrecord", decoder=decoder).shuffle(cfg.shuffle_buffer,

@@ -4,10 +4,11 @@ Writes one TFRecord file (``--mb``, default 1024 MB, of ``--record-kb`` records)
 as ``--readers`` shards (``Dataset(path, "tfrecord").shard(N, i)``), one after the other in this
 process: first split by byte range (what ``shard`` does for a regular file), then dealt
 round-robin (what it did before, and still does for a pipe or a compressed file; here each reader
-reads the file as an unbuffered stream, ``open(path, "rb", buffering=0)``, which cannot be split). Prints, per mode, the bytes each reader read (``stats()["bytes"]``)
-and records/s (each reader's records over its own time, and all records over the total time).
-Readers run one at a time so the figures do not depend on how many cores are free; with parallel
-workers the round-robin readers would also compete for the same disk bandwidth.
+reads the file as an unbuffered stream, ``open(path, "rb", buffering=0)``, which is never split).
+Prints, per mode, the bytes each reader read (``stats()["bytes"]``) and records/s (each reader's
+records over its own time, and all records over the total time). Readers run one at a time so
+the figures do not depend on how many cores are free; with parallel workers the round-robin
+readers would also compete for the same disk bandwidth.
 """
 
 from __future__ import annotations

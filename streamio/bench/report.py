@@ -10,7 +10,9 @@ from typing import Optional
 
 import numpy as np
 
-from .config import BenchConfig, DEFAULT_ADAPTER_RECORDS, DEFAULT_CSV_ROWS, DEFAULT_EXAMPLES, DEFAULT_LARGE_RECORDS, DEFAULT_PIPELINE_RECORDS, DEFAULT_RECORDIO_ROWS, TARGETS
+from .config import (BenchConfig, DEFAULT_ADAPTER_RECORDS, DEFAULT_CSV_ROWS, DEFAULT_EXAMPLES,
+                     DEFAULT_LARGE_RECORDS, DEFAULT_PIPELINE_RECORDS, DEFAULT_RECORDIO_ROWS,
+                     TARGETS)
 
 
 # -- running ------------------------------------------------------------------------------------------
