@@ -8,9 +8,7 @@ warnings (``--on-error warn``) print one line each, without a file name. Subcomm
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import stat
 import sys
 import time
 import warnings

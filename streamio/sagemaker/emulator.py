@@ -26,7 +26,6 @@ import shutil
 import stat
 import struct
 import threading
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Optional, Sequence, TextIO

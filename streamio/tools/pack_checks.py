@@ -20,7 +20,7 @@ import os
 import re
 import tempfile
 import warnings
-from typing import Any, BinaryIO, Callable, Iterable, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 from ..errors import UsageError
 
