@@ -130,7 +130,7 @@ def section_overlap(dry: bool) -> None:
         row("to_device: copy hidden behind compute (256x3x224x224 uint8)", "skipped: no CUDA",
             ">= 80%", "SKIP")
         return
-    from streamio.bench_device import measure_overlap
+    from streamio.bench.device import measure_overlap
 
     for depth in (1, 2):
         r = measure_overlap(depth=depth)
@@ -141,14 +141,14 @@ def section_overlap(dry: bool) -> None:
 
 
 def _image_set(dry: bool) -> dict:
-    from streamio.bench_images import make_image_set
+    from streamio.bench.images import make_image_set
 
     return make_image_set(DRY_IMAGES if dry else IMAGES, os.path.join(ROOT, "bench-images"),
                           lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def section_gpu_decode(dry: bool) -> None:
-    from streamio.bench_device import decode_rates
+    from streamio.bench.device import decode_rates
     from streamio.decoders._torch_image import GPU_MAX_ABS_TOLERANCE, GPU_MEAN_ABS_TOLERANCE
 
     info = _image_set(dry)
@@ -173,7 +173,7 @@ def section_gpu_decode(dry: bool) -> None:
 
 
 def section_scaling(dry: bool) -> None:
-    from streamio.bench_device import scaling
+    from streamio.bench.device import scaling
 
     info = _image_set(dry)
     counts = [1, 2] if dry else DECODERS

@@ -112,7 +112,7 @@ def make_file(path: str, n: int) -> int:
 
 def run_one(code: str, pythonpath: str, src: str, tmpdir: str) -> tuple:
     """(seconds, CPU seconds) of one contestant's pass over a fresh FIFO."""
-    from streamio.bench import FifoFeed
+    from streamio.bench.measure import FifoFeed
 
     feed = FifoFeed(src, tmpdir)
     try:

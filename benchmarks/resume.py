@@ -1,9 +1,9 @@
 """A thin wrapper: ``streamio bench --workloads resume`` runs the same code
-(:mod:`streamio.bench_resume`)."""
+(:mod:`streamio.bench.resume`)."""
 
 import sys
 
-from streamio.bench_resume import main
+from streamio.bench.resume import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

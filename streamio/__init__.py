@@ -17,7 +17,8 @@ from .errors import (CorruptRecordError, DecodeError, FormatError, MapError,
 from .pipeline import Dataset
 from .reader import RecordReader, read_records, write_recordio_protobuf, write_records
 from .sources import PipeChannel
-from .tools import diagnose, pack
+from .tools.diagnose import diagnose
+from .tools.pack import pack
 
 __version__ = "0.1.0"
 

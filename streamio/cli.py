@@ -8,9 +8,7 @@ warnings (``--on-error warn``) print one line each, without a file name. Subcomm
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import stat
 import sys
 import time
 import warnings
@@ -21,7 +19,6 @@ from .reader import ReaderStats, RecordReader, expand_sources
 
 FORMAT_CHOICES = ("tfrecord", "recordio", "csv", "lines")
 COMPRESSION_CHOICES = ("infer", "none", "gzip", "zlib", "zstd")
-SERVE_CHUNK = 1024 * 1024
 
 
 #: ``count`` shows progress on a terminal once it has run this long, then this often.
@@ -134,7 +131,7 @@ def cmd_count(args) -> int:
 
 
 def cmd_head(args) -> int:
-    from .preview import preview
+    from .tools.preview import preview
 
     shown = 0
     if args.n == 0:
@@ -151,72 +148,16 @@ def cmd_head(args) -> int:
     return 0
 
 
-def serve_pipe(channel: str, epochs: int, files: Sequence[str], *, start_epoch: int = 0,
-               open_timeout: float = 300.0, log=None) -> None:
-    """Emulate SageMaker Pipe mode: for each epoch create ``<channel>_<epoch>`` as a FIFO, stream
-    the files into it (concatenated, as SageMaker does), close it and remove it.
-
-    Opening the FIFO for writing waits for the reader; ``open_timeout`` bounds that wait.
-    """
-    for path in files:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"not a file: {path}")
-    directory = os.path.dirname(os.path.abspath(channel))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot create the FIFOs {channel}_<epoch>: directory {directory}"
-                                " does not exist")
-    for epoch in range(start_epoch, start_epoch + epochs):
-        fifo = f"{channel}_{epoch}"
-        if os.path.exists(fifo):
-            if not stat.S_ISFIFO(os.stat(fifo).st_mode):
-                raise FileExistsError(f"{fifo} exists and is not a FIFO")
-        else:
-            os.mkfifo(fifo)
-        try:
-            fd = _open_writer(fifo, open_timeout)
-            sent = 0
-            try:
-                for path in files:
-                    with open(path, "rb", buffering=0) as f:
-                        while True:
-                            block = f.read(SERVE_CHUNK)
-                            if not block:
-                                break
-                            view = memoryview(block)
-                            while view:
-                                n = os.write(fd, view)
-                                view = view[n:]
-                                sent += n
-            except BrokenPipeError:
-                if log:
-                    print(f"epoch {epoch}: reader closed {fifo} early after {sent} bytes", file=log)
-            finally:
-                os.close(fd)
-            if log:
-                print(f"epoch {epoch}: served {sent} bytes on {fifo}", file=log)
-        finally:
-            try:
-                os.unlink(fifo)
-            except FileNotFoundError:
-                pass
-
-
-def _open_writer(fifo: str, timeout: float) -> int:
-    """Open ``fifo`` for writing once a reader has it open, within ``timeout`` (a SourceError
-    otherwise): the same wait as the SageMaker emulator's."""
-    from .sagemaker.emulator import _open_writer as open_fifo_writer
-
-    return open_fifo_writer(fifo, timeout)
-
-
 def cmd_serve_pipe(args) -> int:
+    from .tools.serve_pipe import serve_pipe
+
     serve_pipe(args.channel, args.epochs, args.files, start_epoch=args.start_epoch,
                open_timeout=args.open_timeout, log=sys.stderr)
     return 0
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from .tools.demo import run_demo
 
     run_demo(framework=args.framework, epochs=args.epochs, workdir=args.workdir,
              records=args.records, batch_size=args.batch_size, device=args.device, seed=args.seed)

@@ -13,13 +13,17 @@ Every exception streamio raises on purpose derives from :class:`StreamioError`::
      +-- MapError               a ``map``/``filter`` function raised (attributes: source,
      |                          record_index, item_index; ``__cause__`` is the original)
      +-- UsageError             a bad argument value, or the API used in a way that cannot work
-     |                          (re-reading a consumed stream, for example); also a ``ValueError``
+     |    |                     (re-reading a consumed stream, for example); also a ``ValueError``
+     |    +-- ConfigError            a SageMaker input configuration is missing or malformed
+     |                               (attributes: path, key; ``streamio.sagemaker``)
      +-- UsageTypeError         an argument of the wrong type, an unknown keyword, or an
      |                          operation a stream does not support (``len()``); also a
      |                          ``TypeError`` (not a ``ValueError``, so ``except ValueError``
      |                          code sees type mistakes exactly as before)
      +-- MissingDependencyError an optional dependency is not installed; the message says which
-                                ``pip install`` fixes it (also an ``ImportError``)
+     |                          ``pip install`` fixes it (also an ``ImportError``)
+     +-- PackError              a file could not be packed, or the pack cannot go on (attribute:
+                                path; ``streamio.tools.pack``)
 
 Usage mistakes are both streamio errors and the built-in exceptions they used to be, so
 ``except ValueError`` / ``except TypeError`` code keeps working and ``except StreamioError``
@@ -43,11 +47,13 @@ from __future__ import annotations
 from typing import Any, Optional
 
 __all__ = [
+    "ConfigError",
     "CorruptRecordError",
     "DecodeError",
     "FormatError",
     "MapError",
     "MissingDependencyError",
+    "PackError",
     "RecordTooLargeError",
     "SourceError",
     "StreamioError",
@@ -226,6 +232,28 @@ class MissingDependencyError(StreamioError, ImportError):
             f"{module} is required for this feature: pip install 'streamio[{extra}]'"
             f" (or pip install {module})"
         )
+
+
+class ConfigError(UsageError):
+    """The container's input configuration is missing, malformed or names something unknown.
+
+    ``path`` is the file (or environment variable) and ``key`` the entry at fault, when known.
+    """
+
+    def __init__(self, message: str, *, path: Optional[str] = None,
+                 key: Optional[str] = None) -> None:
+        self.path = path
+        self.key = key
+        where = ", ".join(x for x in (path and f"in {path}", key and f"key {key!r}") if x)
+        super().__init__(f"{message} ({where})" if where else message)
+
+
+class PackError(StreamioError):
+    """A file could not be packed (``path`` names it) or the pack cannot go on."""
+
+    def __init__(self, message: str, *, path: Optional[str] = None) -> None:
+        self.path = path
+        super().__init__(f"{message}: {path}" if path else message)
 
 
 def require(module: str, extra: str):

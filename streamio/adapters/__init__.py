@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from ..errors import UsageError
 from ..sources import ByteSource, PipeChannel, source_name
+from ..sources.schemes import local_path
 
 __all__ = ["check_splittable", "is_single_stream"]
 
@@ -34,12 +35,11 @@ def is_single_stream(source: Any) -> bool:
         text = os.fspath(source)
         if text == "-":
             return True
-        if text.startswith("file://"):
-            text = text[len("file://"):]
-        elif "://" in text:
+        path = local_path(text)
+        if path is None:
             return False  # a URL: each reader makes its own request
         try:
-            return stat.S_ISFIFO(os.stat(text).st_mode)
+            return stat.S_ISFIFO(os.stat(path).st_mode)
         except OSError:
             return False  # missing: the reader will raise a SourceError that names it
     return True  # a file object

@@ -50,6 +50,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 
+from .._util import batch_rows as _rows
 from ..decoders.example import encode_example
 from ..decoders.sparse import SparseBatch
 from ..errors import UsageError, UsageTypeError, require
@@ -194,12 +195,6 @@ def _read_part(part: Dataset, target_bytes: int, rows_per_block: Optional[int]) 
             pending, rows, size = [], 0, 0
     if pending:
         yield batch_to_arrow(_join(pending))
-
-
-def _rows(batch: dict) -> int:
-    for value in batch.values():
-        return len(value)
-    return 0
 
 
 # -- sources that cannot leave this process -----------------------------------------------------

@@ -125,6 +125,7 @@ from ..errors import SourceError, StreamioError, UsageError
 from ..formats import DEFAULT_MAX_RECORD_SIZE
 from ..pipeline.dataset import _INDEX_BITS, _EpochRun
 from ..sources import PipeChannel
+from ..sources.schemes import source_key
 from . import _shared_wire as wire
 from ._local_ipc import listen, socket_name, stranger, user_key
 
@@ -165,14 +166,7 @@ def _stream_key(source: Any) -> Optional[str]:
     if isinstance(source, PipeChannel) and prefix is not None:
         return "channel:" + os.path.realpath(prefix)
     if isinstance(source, (str, os.PathLike)):
-        text = os.fspath(source)
-        if text == "-":
-            return None
-        if "://" in text and not text.startswith("file://"):
-            return "url:" + text
-        if text.startswith("file://"):
-            text = text[len("file://"):]
-        return "path:" + os.path.realpath(text)
+        return source_key(source)  # a file's real path, or the URL; None for stdin
     if isinstance(source, (bytes, bytearray, memoryview)):
         return "bytes:" + hashlib.sha256(bytes(source)).hexdigest()
     return None

@@ -91,6 +91,7 @@ from typing import Any, Iterable, Iterator, Literal, Optional, Union
 
 import numpy as np
 
+from .._util import check_int as _check_int
 from ..decoders.sparse import SparseBatch
 from ..errors import DecodeError, UsageError, UsageTypeError, require
 from ..pipeline.stats import STATS_KEYS, merge_snapshots
@@ -276,11 +277,6 @@ def _distributed(explicit: Optional[tuple[int, int]],
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     except ValueError:
         return 0, 1
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UsageError(f"{name} must be an int >= {minimum}, not {value!r}")
 
 
 def _check_rank_pair(rank_name: str, rank: Any, size_name: str, size: Any) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from .._util import batch_rows as _batch_rows, check_int as _check_int, close_iterator as _close
 from ..decoders._skips import counting_skips
 from ..errors import DecodeError, FormatError
 from ..errors import UsageError, UsageTypeError
@@ -118,14 +119,6 @@ class _Take:
 
 
 # -- argument checks ----------------------------------------------------------------------------
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise UsageTypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise UsageError(f"{name} must be >= {minimum}, not {value}")
-    return int(value)
-
-
 def _check_seed(seed: Any) -> int:
     if seed is None:
         # Drawn once, here: iterations of this Dataset then differ by epoch, reproducibly.
@@ -934,12 +927,6 @@ def _join_ids(parts: list) -> Optional[np.ndarray]:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _close(blocks: Any) -> None:
-    close = getattr(blocks, "close", None)
-    if close is not None:
-        close()
-
-
 def _skip(blocks: Iterator[tuple], n: int) -> Iterator[tuple]:
     remaining = n
     try:
@@ -971,21 +958,7 @@ def _take(blocks: Iterator[tuple], n: int) -> Iterator[tuple]:
         _close(blocks)
 
 
-def _batch_rows(batch: Any) -> int:
-    if isinstance(batch, dict):
-        for value in batch.values():
-            shape = getattr(value, "shape", None)
-            return int(shape[0]) if shape else len(value)
-        return 0
-    if isinstance(batch, tuple) and batch and not isinstance(batch[0], (bytes, str)):
-        return _batch_rows(batch[0])  # a mapped batch such as (images, labels)
-    shape = getattr(batch, "shape", None)
-    if shape:
-        return int(shape[0])
-    try:
-        return len(batch)
-    except TypeError:
-        return 1
+
 
 
 class EpochIterator:

@@ -41,6 +41,7 @@ from ..formats.index_file import index_misfit, parse_index
 from ..reader import RecordReader
 from ..sources import source_name
 from ..sources.ranged import probe, range_capable, split_range
+from ..sources.schemes import local_path
 
 __all__ = ["RangePlan", "find_index", "plan_range", "read_index", "splittable_size"]
 
@@ -72,13 +73,7 @@ def _fallback(source: Any, reason: str) -> None:
 
 
 def _local(source: Any) -> Optional[str]:
-    if isinstance(source, (str, os.PathLike)):
-        text = os.fspath(source)
-        if isinstance(text, str) and "://" not in text:
-            return text
-        if isinstance(text, str) and text.startswith("file://"):
-            return text[len("file://"):]
-    return None
+    return local_path(source)
 
 
 def find_index(path: str) -> Optional[str]:
@@ -121,7 +116,7 @@ def splittable_size(source: Any, format: str, options: dict, *, warn: bool = Tru
     why = _splittable_format(format, options)
     if why is None and not range_capable(source):
         text = source if isinstance(source, str) else ""
-        if "://" in text and not text.startswith("file://"):
+        if "://" in text and local_path(text) is None:
             fallback(source, "only http(s) and s3:// URLs can be read from a byte offset")
         return None  # a FIFO, stdin, a PipeChannel...: one stream, round-robin as always
     compression = options.get("compression", "infer")

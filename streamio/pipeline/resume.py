@@ -60,6 +60,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
+from .._util import close_iterator as _close
 from ..errors import StreamioWarning, UsageError, UsageTypeError
 
 __all__ = ["STATE_VERSION", "FastForward", "check_fields", "check_state", "describe_chain",
@@ -309,12 +310,6 @@ def plan_fast_forward(stages: tuple, has_decoder: bool, n: int) -> FastForward:
     # j + (the skips' sum) there, whatever the takes cut off later.
     keep = sum(s.n for s in stages[at + 1:] if type(s).__name__ == "_Skip")
     return FastForward("lazy", at, n, keep)
-
-
-def _close(blocks: Any) -> None:
-    close = getattr(blocks, "close", None)
-    if close is not None:
-        close()
 
 
 def skip_delivered(blocks: Iterator[tuple], n: int,

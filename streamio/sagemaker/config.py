@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from ..errors import UsageError
+from ..errors import ConfigError
 
 #: Where SageMaker mounts everything in a training container.
 SAGEMAKER_ROOT = "/opt/ml"
@@ -37,20 +37,6 @@ COMPRESSIONS = ("None", "Gzip")
 #: SageMaker's ChannelName pattern (CreateTrainingJob: ``[A-Za-z0-9\.\-_]+``, 1-64 characters).
 #: The name becomes a path under ``input/data``, so nothing else may pass (``../../etc``).
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-
-
-class ConfigError(UsageError):
-    """The container's input configuration is missing, malformed or names something unknown.
-
-    ``path`` is the file (or environment variable) and ``key`` the entry at fault, when known.
-    """
-
-    def __init__(self, message: str, *, path: Optional[str] = None,
-                 key: Optional[str] = None) -> None:
-        self.path = path
-        self.key = key
-        where = ", ".join(x for x in (path and f"in {path}", key and f"key {key!r}") if x)
-        super().__init__(f"{message} ({where})" if where else message)
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ import shutil
 import stat
 import struct
 import threading
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Optional, Sequence, TextIO
 
-from ..errors import SourceError, UsageError
+from ..errors import UsageError
 from ..formats.recordio import LENGTH_MASK, MAGIC
+from ..tools.serve_pipe import open_fifo_writer
 from .config import DISTRIBUTIONS, INPUT_MODES, check_channel_name
 
 #: Guessed ContentType by file name (after any ``.gz``) when none is given.
@@ -257,7 +257,7 @@ class Emulator:
                 os.mkfifo(fifo)
             sent = 0
             try:
-                fd = _open_writer(fifo, open_timeout)
+                fd = open_fifo_writer(fifo, open_timeout)
                 try:
                     for payload in self._payloads(ch, epoch):
                         data = _wrap(payload) if ch.record_wrapper else payload
@@ -297,25 +297,6 @@ class Emulator:
             t.join()
         if errors:
             raise errors[0]
-
-
-def _open_writer(fifo: str, timeout: float) -> int:
-    # O_WRONLY|O_NONBLOCK fails with ENXIO until a reader has the FIFO open: poll, so a reader
-    # that never comes ends in an error instead of a hang.
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as exc:
-            if exc.errno != 6:  # ENXIO: no reader yet
-                raise SourceError(f"cannot open for writing: {exc.strerror}", source=fifo) from exc
-            if time.monotonic() > deadline:
-                raise SourceError(f"no reader opened the pipe within {timeout:g} s",
-                                  source=fifo) from None
-            time.sleep(0.005)
-            continue
-        os.set_blocking(fd, True)
-        return fd
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -1,13 +1,14 @@
 """Byte sources: I/O only. ``open_source`` turns whatever the user passed into a ``ByteSource``.
 
-Schemes are looked up in ``SCHEMES`` (``register_scheme``): a new transport is one module plus one
-registration line. Anything else with ``://`` goes to smart_open.
+Schemes are looked up in ``SCHEMES`` (``register_scheme``, :mod:`.schemes`): one descriptor per
+scheme (open, open at a byte offset, the local path, whether timeouts apply), so a new transport
+is one module plus one registration line. Anything else with ``://`` goes to smart_open.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ..errors import UsageError
 from ..errors import UsageTypeError
@@ -15,30 +16,27 @@ from .base import ByteSource, check_timeout
 from .http import HttpSource
 from .local import BytesSource, FileSource, StreamSource, stdin_source
 from .pipe_channel import PipeChannel
-from .remote import open_smart
-
-Opener = Callable[..., ByteSource]
-SCHEMES: dict[str, Opener] = {}
+from .ranged import open_file_range, open_http_range, open_s3_range
+from .schemes import SCHEMES, SMART_OPEN, SourceScheme, lookup, register_scheme, url_scheme
 
 
-def register_scheme(scheme: str, opener: Opener) -> None:
-    """``opener(url, *, open_timeout=None, read_timeout=None) -> ByteSource`` serves
-    ``scheme://`` URLs (None: the transport's own default)."""
-    SCHEMES[scheme] = opener
+def _file_path(url: str) -> str:
+    """The path a ``file://`` URL (or a plain path) names."""
+    return url[len("file://"):] if url_scheme(url) == "file" else url
 
 
-def _open_file_url(url: str, **timeouts: Optional[float]) -> ByteSource:
-    return FileSource(url[len("file://"):], **timeouts)
+def _open_file(url: str, **timeouts: Optional[float]) -> ByteSource:
+    return FileSource(_file_path(url), **timeouts)
 
 
-register_scheme("http", HttpSource)
-register_scheme("https", HttpSource)
-register_scheme("file", _open_file_url)
+def _open_file_range(url: str, start: int, **timeouts: Optional[float]) -> tuple:
+    return open_file_range(_file_path(url), start, **timeouts)
 
 
-def _scheme(text: str) -> str:
-    head, sep, _ = text.partition("://")
-    return head.lower() if sep and head.isalnum() else ""
+register_scheme("file", _open_file, open_range=_open_file_range, path=_file_path)
+register_scheme("http", HttpSource, open_range=open_http_range)
+register_scheme("https", HttpSource, open_range=open_http_range)
+register_scheme("s3", SMART_OPEN.open, open_range=open_s3_range, timeouts=False)
 
 
 def source_name(source: Any) -> str:
@@ -70,10 +68,11 @@ def _timeless_kind(source: Any) -> Optional[str]:
     """What kind of source this is if streamio cannot bound its waits (else None)."""
     if isinstance(source, ByteSource):
         return "an already opened source (give it its timeouts when you create it)"
+    found = lookup(source)
+    if found is not None and not found[0].timeouts:
+        scheme = url_scheme(found[1])
+        return f"a {scheme}:// URL (read through smart_open, which streamio cannot time)"
     if isinstance(source, (str, os.PathLike)):
-        scheme = _scheme(os.fspath(source))
-        if scheme and scheme not in SCHEMES:
-            return f"a {scheme}:// URL (read through smart_open, which streamio cannot time)"
         return None
     if isinstance(source, (bytes, bytearray, memoryview, PipeChannel)):
         return None  # in-memory bytes never wait; a PipeChannel takes them per epoch
@@ -124,15 +123,11 @@ def open_source(source: Any, *, open_timeout: Optional[float] = None,
         text = os.fspath(source)
         if text == "-":
             return stdin_source(**timeouts)
-        scheme = _scheme(text)
-        if scheme in SCHEMES:
-            return SCHEMES[scheme](text, **timeouts)
-        if scheme:
-            return open_smart(text)
-        return FileSource(text, **timeouts)
+        descriptor, _ = lookup(text)
+        return descriptor.open(text, **timeouts)
     return StreamSource(source)
 
 
 __all__ = ["ByteSource", "BytesSource", "FileSource", "HttpSource", "PipeChannel", "SCHEMES",
-           "StreamSource", "check_source", "check_timeouts_apply", "open_source",
+           "SourceScheme", "StreamSource", "check_source", "check_timeouts_apply", "open_source",
            "register_scheme", "source_name"]

@@ -20,6 +20,7 @@ from ..errors import SourceError, UsageError, require
 from .base import ByteSource
 from .http import HttpSource
 from .local import StreamSource
+from .schemes import lookup
 
 #: Bytes of the head looked at to tell whether a source without a telling suffix is compressed.
 SNIFF_BYTES = 64 * 1024
@@ -28,32 +29,9 @@ SNIFF_BYTES = 64 * 1024
 MAX_OFFSET = 2**63 - 1
 
 
-def _scheme(text: str) -> str:
-    head, sep, _ = text.partition("://")
-    return head.lower() if sep and head.isalnum() else ""
-
-
-def _local_path(source: Any) -> Optional[str]:
-    if not isinstance(source, (str, os.PathLike)):
-        return None
-    text = os.fspath(source)
-    if not isinstance(text, str) or text == "-":
-        return None
-    if text.startswith("file://"):
-        return text[len("file://"):]
-    return None if "://" in text else text
-
-
-def _is_http(source: Any) -> bool:
-    return isinstance(source, str) and _scheme(source) in ("http", "https")
-
-
-def _is_s3(source: Any) -> bool:
-    return isinstance(source, str) and _scheme(source) == "s3"
-
-
-def _open_s3(uri: str, start: int) -> tuple:
-    """``(StreamSource, size)`` of an S3 object read from byte ``start`` (smart_open)."""
+def open_s3_range(uri: str, start: int, **timeouts: Optional[float]) -> tuple:
+    """``(StreamSource, size)`` of an S3 object read from byte ``start`` (smart_open, untimed:
+    ``check_timeouts_apply`` refuses timeouts for s3:// URLs)."""
     smart_open = require("smart_open", "s3")
     try:
         fileobj = smart_open.open(uri, "rb", compression="disable")
@@ -95,18 +73,54 @@ class FileRangeSource(ByteSource):
             os.close(self._fd)
 
 
+def open_file_range(path: str, start: int, **timeouts: Optional[float]) -> tuple:
+    """``(FileRangeSource, size)`` of a regular file read from byte ``start`` (a file never
+    waits: no timeout applies)."""
+    src = FileRangeSource(path, start)
+    try:
+        return src, os.fstat(src._fd).st_size
+    except OSError as exc:
+        src.close()
+        raise SourceError(f"cannot stat: {exc.strerror}", source=path) from exc
+
+
+def open_http_range(url: str, start: int, *, open_timeout: Optional[float] = None,
+                    read_timeout: Optional[float] = None) -> tuple:
+    """``(HttpSource, size)`` of an http(s) URL read from byte ``start`` (``Range:``)."""
+    src = HttpSource(url, open_timeout=open_timeout, read_timeout=read_timeout, start=start)
+    return src, src.total
+
+
+def _ranged(source: Any) -> Optional[tuple]:
+    """``(descriptor, URL, local path or None)`` of a source whose scheme reads byte ranges."""
+    found = lookup(source)
+    if found is None or found[0].open_range is None:
+        return None
+    descriptor, text = found
+    return descriptor, text, descriptor.path(text) if descriptor.path else None
+
+
 def range_capable(source: Any) -> bool:
-    """Whether ``source`` could be read from a byte offset (a regular file or an http(s) URL),
-    judged without opening it."""
-    if _is_http(source) or _is_s3(source):
-        return True
-    path = _local_path(source)
-    if path is None:
+    """Whether ``source`` could be read from a byte offset (a regular file or an http(s) or s3://
+    URL), judged without opening it."""
+    found = _ranged(source)
+    if found is None:
         return False
+    path = found[2]
+    if path is None:
+        return True  # a URL: whether the server honours ranges is learnt when it answers
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
         return False
+
+
+def _open_range(source: Any, start: int, why: str, **timeouts: Optional[float]) -> tuple:
+    found = _ranged(source)
+    if found is None:
+        raise UsageError(f"{source!r} {why}")
+    descriptor, text, _ = found
+    return descriptor.open_range(text, start, **timeouts)
 
 
 def probe(source: Any, *, head: bool = True, open_timeout: Optional[float] = None,
@@ -115,21 +129,8 @@ def probe(source: Any, *, head: bool = True, open_timeout: Optional[float] = Non
     not say) and, if ``head``, its first bytes (up to :data:`SNIFF_BYTES`, to tell whether it is
     compressed; else ``b""``). One ``os.fstat`` (and ``os.pread``) for a file, one request for
     HTTP or S3."""
-    path = _local_path(source)
-    if path is not None:
-        src: ByteSource = FileRangeSource(path)
-        try:
-            size = os.fstat(src._fd).st_size
-        except OSError as exc:
-            src.close()
-            raise SourceError(f"cannot stat: {exc.strerror}", source=path) from exc
-    elif _is_http(source):
-        src = HttpSource(source, open_timeout=open_timeout, read_timeout=read_timeout)
-        size = src.total
-    elif _is_s3(source):
-        src, size = _open_s3(source, 0)
-    else:
-        raise UsageError(f"{source!r} cannot be read by byte range")
+    src, size = _open_range(source, 0, "cannot be read by byte range",
+                            open_timeout=open_timeout, read_timeout=read_timeout)
     try:
         if not head:
             return size, b""
@@ -153,16 +154,9 @@ def open_at(source: Any, start: int, *, open_timeout: Optional[float] = None,
     byte ``start``."""
     if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= MAX_OFFSET:
         raise UsageError(f"a byte offset must be an int from 0 to 2**63 - 1, not {start!r}")
-    if _is_http(source):
-        return HttpSource(source, open_timeout=open_timeout, read_timeout=read_timeout,
-                          start=start)
-    if _is_s3(source):
-        return _open_s3(source, start)[0]
-    path = _local_path(source)
-    if path is None:
-        raise UsageError(f"{source!r} cannot be read from a byte offset: only regular files and"
-                         " http(s) URLs can")
-    return FileRangeSource(path, start)
+    why = "cannot be read from a byte offset: only regular files and http(s) URLs can"
+    return _open_range(source, start, why, open_timeout=open_timeout,
+                       read_timeout=read_timeout)[0]
 
 
 def split_range(size: int, parts: tuple) -> tuple[int, int]:
@@ -177,4 +171,5 @@ def split_range(size: int, parts: tuple) -> tuple[int, int]:
     return start, end
 
 
-__all__ = ["FileRangeSource", "MAX_OFFSET", "SNIFF_BYTES", "open_at", "probe", "range_capable", "split_range"]
+__all__ = ["FileRangeSource", "MAX_OFFSET", "SNIFF_BYTES", "open_at", "open_file_range",
+           "open_http_range", "open_s3_range", "probe", "range_capable", "split_range"]

@@ -1,7 +1,8 @@
-"""Command-line tools built on the library, beside it (not on the hot path): ``pack`` (small files
-into record shards) and ``diagnose`` (where the input time goes)."""
+"""Command-line tools built on the library, beside it (not on the hot path), one module each:
+:mod:`.pack` (small files into record shards), :mod:`.diagnose` (where the input time goes),
+:mod:`.index` (index files), :mod:`.serve_pipe` (emulate SageMaker Pipe mode), :mod:`.demo`
+(``streamio demo``) and :mod:`.preview` (``streamio head``'s record preview).
 
-from .diagnose import Diagnosis, diagnose
-from .pack import PackError, PackResult, pack
-
-__all__ = ["Diagnosis", "PackError", "PackResult", "diagnose", "pack"]
+The package re-exports nothing: ``streamio.tools.pack`` is the module, and the functions are
+``streamio.pack`` and ``streamio.diagnose`` (or ``streamio.tools.pack.pack``).
+"""

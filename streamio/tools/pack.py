@@ -34,10 +34,10 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence, TextIO
+from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
 
 from ..decoders import encode_example
-from ..errors import StreamioError, UsageError
+from ..errors import PackError, UsageError
 from ..formats import encode_recordio, encode_tfrecord
 from .index import index_path, write_index_file
 from .pack_checks import check_inside, claim_prefix, create_temp, image_problem, printable
@@ -50,14 +50,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 _IR_HEADER = struct.Struct("<IfQQ")  # im2rec IRHeader: flag, label, id, id2
 _EXAMPLE_OVERHEAD = 64  # feature names and framing, for planning only
 _SUFFIX = {"tfrecord": ".tfrecord", "recordio": ".rec"}
-
-
-class PackError(StreamioError):
-    """A file could not be packed (``path`` names it) or the pack cannot go on."""
-
-    def __init__(self, message: str, *, path: Optional[str] = None) -> None:
-        self.path = path
-        super().__init__(f"{message}: {path}" if path else message)
 
 
 @dataclass
@@ -325,6 +317,35 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
     that are cut short, are bad files for ``on_error``. Returns a :class:`PackResult`; see the
     module docstring for the record layout.
     """
+    _check_pack_options(src, format, compression, on_error, shard_size, jobs, shuffle, seed)
+    started = time.monotonic()
+    classes, items, skipped = _gather(src, labels, manifest, extensions, allow_outside_src,
+                                      on_error)
+    if shuffle:
+        random.Random(seed).shuffle(items)
+    plan = _plan(items, shard_size)
+    out_dir = os.path.dirname(os.path.abspath(out_prefix))
+    os.makedirs(out_dir, exist_ok=True)
+    suffix = _SUFFIX[format] + (".gz" if compression else "")
+    record_plan = claim_prefix(out_prefix, plan, [f"{out_prefix}-{n:05d}{suffix}" for n in range(len(plan))],
+                 {"format": format, "compression": compression, "index": index,
+                  "on_error": on_error}, replace=replace)
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = _Progress(len(items), sum(item.size for item in items), sys.stderr if show else None)
+    result = PackResult(classes=classes, format=format, skipped=skipped,
+                        payload_keys=sorted({_payload_key(item.rel) for item in items}))
+    for path, reason in skipped:
+        print(f"streamio pack: skipped {printable(path)}: {reason}", file=sys.stderr)
+    _write_shards(plan, f"{out_prefix}-{{:05d}}{suffix}", record_plan, bar, result,
+                  lambda path, shard, update: _write_shard(path, shard, format, compression, jobs,
+                                                           index, on_error, result, update))
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _check_pack_options(src: str, format: str, compression: Optional[str], on_error: str,
+                        shard_size: Any, jobs: Any, shuffle: bool, seed: Optional[int]) -> None:
+    """:func:`pack`'s argument checks, before anything is read or written."""
     if format not in _SUFFIX:
         raise UsageError(f"format must be 'tfrecord' or 'recordio', not {format!r}")
     if compression not in (None, "gzip"):
@@ -339,7 +360,13 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
         raise UsageError("shuffle=True needs a seed, so that a re-run resumes the same plan")
     if not os.path.isdir(src):
         raise UsageError(f"not a directory: {src}")
-    started = time.monotonic()
+
+
+def _gather(src: str, labels: str, manifest: Optional[str],
+            extensions: Optional[Sequence[str]], allow_outside_src: bool,
+            on_error: str) -> tuple:
+    """``(classes, items, skipped)``: the files to pack (from the class folders or the
+    manifest), each stat'ed once, and the ``(path, reason)`` of those that could not be."""
     if manifest is not None:
         classes, found = _read_manifest(manifest, src, allow_outside_src)
     elif labels == "folders":
@@ -357,25 +384,18 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
             skipped.append((path, exc.strerror))
             continue
         items.append(_Item(path, rel, label, st.st_size, i, st.st_mtime_ns))
-    if shuffle:
-        random.Random(seed).shuffle(items)
-    plan = _plan(items, shard_size)
-    out_dir = os.path.dirname(os.path.abspath(out_prefix))
-    os.makedirs(out_dir, exist_ok=True)
-    suffix = _SUFFIX[format] + (".gz" if compression else "")
-    record_plan = claim_prefix(out_prefix, plan, [f"{out_prefix}-{n:05d}{suffix}" for n in range(len(plan))],
-                 {"format": format, "compression": compression, "index": index,
-                  "on_error": on_error}, replace=replace)
-    total_bytes = sum(item.size for item in items)
-    show = sys.stderr.isatty() if progress is None else progress
-    bar = _Progress(len(items), total_bytes, sys.stderr if show else None)
-    result = PackResult(classes=classes, format=format, skipped=skipped,
-                        payload_keys=sorted({_payload_key(item.rel) for item in items}))
-    for path, reason in skipped:
-        print(f"streamio pack: skipped {printable(path)}: {reason}", file=sys.stderr)
+    return classes, items, skipped
+
+
+def _write_shards(plan: list, name: str, record_plan: Optional[Callable[[], None]],
+                  bar: _Progress, result: PackResult,
+                  write: Callable[[str, list, Callable[[int, int], None]], int]) -> None:
+    """Write each shard of ``plan`` (``name.format(number)``) that is not there whole yet (a
+    whole one an earlier run wrote is counted as resumed); ``record_plan()`` before the first
+    one written, so shards on disk always have their plan."""
     done_files = done_bytes = 0
     for number, shard in enumerate(plan):
-        path = f"{out_prefix}-{number:05d}{suffix}"
+        path = name.format(number)
         result.shards.append(path)
         if os.path.exists(path):  # whole: only complete shards get their final name
             result.resumed_shards += 1
@@ -386,17 +406,14 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
             bar.update(done_files, done_bytes)
             continue
         if record_plan is not None:
-            record_plan()  # before the first shard: shards on disk always have their plan
+            record_plan()
             record_plan = None
-        written = _write_shard(path, shard, format, compression, jobs, index, on_error, result,
-                               lambda n, b: bar.update(done_files + n, done_bytes + b))
+        written = write(path, shard, lambda n, b: bar.update(done_files + n, done_bytes + b))
         done_files += len(shard)
         done_bytes += sum(item.size for item in shard)
         result.bytes += written
     bar.update(done_files, done_bytes, force=True)
     bar.done()
-    result.seconds = time.monotonic() - started
-    return result
 
 
 def _write_shard(path: str, shard: list, format: str, compression: Optional[str], jobs: int,

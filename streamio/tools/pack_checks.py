@@ -20,7 +20,7 @@ import os
 import re
 import tempfile
 import warnings
-from typing import Any, BinaryIO, Callable, Iterable, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 from ..errors import UsageError
 
@@ -95,7 +95,7 @@ def claim_prefix(out_prefix: str, plan: list, planned: list, settings: dict, *,
     prefix is refused, or removed with ``replace``. Returns the function that records this
     plan: call it before the first shard is written (a run that fails before then leaves
     nothing behind)."""
-    from .pack import PackError  # the error type pack users catch
+    from ..errors import PackError  # the error type pack users catch
 
     folder = os.path.dirname(os.path.abspath(out_prefix))
     record = os.path.join(folder, _PLAN_RECORD.format(base=os.path.basename(out_prefix)))

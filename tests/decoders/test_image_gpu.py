@@ -19,8 +19,8 @@ pytest.importorskip("simplejpeg")
 from PIL import Image as PIL  # noqa: E402
 
 import streamio  # noqa: E402
-from streamio.bench_device import cpu_decode_jpegs, measure_overlap  # noqa: E402
-from streamio.bench_images import photo  # noqa: E402
+from streamio.bench.device import cpu_decode_jpegs, measure_overlap  # noqa: E402
+from streamio.bench.images import photo  # noqa: E402
 from streamio.decoders import (Example, FixedLen, Image, RandomResizedCrop,  # noqa: E402
                                encode_example)
 from streamio.decoders import _torch_image  # noqa: E402

@@ -341,8 +341,8 @@ def test_only_sources_ranged_positions_a_source():
     pattern = re.compile(r"\bos\.(pread|preadv|lseek)\(")
     users = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "streamio").rglob("*.py")
                    if pattern.search(p.read_text()))
-    # bench.py times raw file reads (no source, no parsing): the one other user.
-    assert users == [os.path.join("streamio", "bench.py"),
+    # the benchmark's FIFO writer feeds raw file bytes (no source, no parsing): the one other user.
+    assert users == [os.path.join("streamio", "bench", "measure.py"),
                      os.path.join("streamio", "sources", "ranged.py")]
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from streamio.demo import DEFAULT_RECORDS, run_demo
+from streamio.tools.demo import DEFAULT_RECORDS, run_demo
 from streamio.errors import StreamioError
 
 DEMO_TIMEOUT = 120  # the demo takes seconds; this only stops a hang from stalling CI

@@ -34,8 +34,8 @@ _INSIDE = "--inside-namespace"
 
 
 def _write_examples(path: str, n: int, rng: np.random.Generator) -> None:
-    from .bench import example_payloads
-    from .reader import write_records
+    from .workloads import example_payloads
+    from ..reader import write_records
 
     payloads, _, _ = example_payloads(n, rng)
     write_records(path, "tfrecord", (row.tobytes() for row in payloads))
@@ -52,13 +52,92 @@ def _count_batches(ds, batch_size: int, column: str) -> int:
                                                        batch_format="numpy"))
 
 
+def _ray_read_rows(args: argparse.Namespace, files: list, decoder, inproc: float) -> list:
+    """streamio.ray.read of the Examples at each batch size (and rows per block)."""
+    import streamio.ray as sray
+
+    rows = []
+    total = args.files * args.records
+    for bs in args.batch_sizes:
+        for blk in args.rows_per_block or [None]:
+            ds = sray.read(files, "tfrecord", decoder=decoder, rows_per_block=blk,
+                           parallelism=args.parallelism)
+            n, rate = _rate(lambda: _count_batches(ds, bs, "label"))
+            assert n == total, (n, total)
+            label = f"streamio.ray.read, iter_batches {bs}"
+            if blk:
+                label += f", {blk} rows/block"
+            rows.append((label, n, rate, rate / inproc))
+    return rows
+
+
+def _peer_rows(args: argparse.Namespace, tmp: str, files: list, inproc: float) -> list:
+    """Ray's own reader on a prefix of the same records (it is ~1000x slower), with tfx-bsl
+    where it is installed."""
+    import ray
+    from ..reader import read_records, write_records
+
+    peer = os.path.join(tmp, f"peer-{args.records}-{args.peer_records}.tfrecord")
+    if not os.path.exists(peer):
+        write_records(peer, "tfrecord", read_records(files[0], "tfrecord")
+                      if args.peer_records >= args.records else
+                      _first(files[0], args.peer_records))
+    ds = ray.data.read_tfrecords(peer)
+    n, rate = _rate(lambda: _count_batches(ds, 4096, "label"))
+    rows = [("ray.data.read_tfrecords, iter_batches 4096", n, rate, rate / inproc)]
+    if importlib.util.find_spec("tfx_bsl") is None:
+        return rows + [("read_tfrecords + tfx-bsl: not installed", 0, 0.0, 0.0)]
+    from ray.data import TFXReadOptions
+
+    ds = ray.data.read_tfrecords(peer, tfx_read_options=TFXReadOptions())
+    n, rate = _rate(lambda: _count_batches(ds, 4096, "label"))
+    return rows + [("read_tfrecords + tfx-bsl, iter_batches 4096", n, rate, rate / inproc)]
+
+
+def _large_rows(args: argparse.Namespace, tmp: str, rng: np.random.Generator) -> list:
+    """100 KB records, raw (MB/s in the label): in-process, then through streamio.ray.read."""
+    import streamio.ray as sray
+    from ..pipeline import Dataset
+    from ..reader import write_records
+
+    large = os.path.join(tmp, f"large-{args.large}.tfrecord")
+    if not os.path.exists(large):
+        block = rng.integers(0, 256, 100_000 + 4096, dtype=np.uint8).tobytes()
+        write_records(large, "tfrecord", (block[i * 97 % 4096:i * 97 % 4096 + 100_000]
+                                          for i in range(args.large)))
+    n, big_in = _rate(lambda: sum(len(b) for b in Dataset(large, "tfrecord").batch(64)))
+    ds = sray.read(large, "tfrecord", parallelism=args.parallelism)
+    n_ray, rate = _rate(lambda: _count_batches(ds, 64, "record"))
+    return [("100 KB records in-process (MB/s = rate/10)", n, big_in, 1.0),
+            ("100 KB records, streamio.ray.read, batch 64", n_ray, rate, rate / big_in)]
+
+
+def _recordio_rows(args: argparse.Namespace, tmp: str, rng: np.random.Generator) -> list:
+    """RecordIO-protobuf (no Ray reader exists): in-process, then through streamio.ray.read."""
+    import streamio.ray as sray
+    from ..decoders import RecordIOProtobuf
+    from ..pipeline import Dataset
+    from ..reader import write_records
+    from .workloads import recordio_protobuf_payloads
+
+    rio = os.path.join(tmp, f"dense-{args.recordio}.rec")
+    if not os.path.exists(rio):
+        payloads, _, _ = recordio_protobuf_payloads(args.recordio, rng)
+        write_records(rio, "recordio", (row.tobytes() for row in payloads), multipart="concat")
+    dec = RecordIOProtobuf()
+    n, rio_in = _rate(lambda: sum(len(b["values"]) for b in
+                                  Dataset(rio, "recordio", decoder=dec).batch(4096)))
+    ds = sray.read(rio, "recordio", decoder=RecordIOProtobuf(), parallelism=args.parallelism)
+    n_ray, rate = _rate(lambda: _count_batches(ds, 4096, "values"))
+    return [("RecordIO-protobuf in-process, batch 4096", n, rio_in, 1.0),
+            ("RecordIO-protobuf, streamio.ray.read, batch 4096", n_ray, rate, rate / rio_in)]
+
+
 def run(args: argparse.Namespace) -> list:
     import ray
-    import streamio
-    import streamio.ray as sray
-    from .bench import EXAMPLE_FLOATS, recordio_protobuf_payloads
-    from .decoders import Example, FixedLen, RecordIOProtobuf
-    from .reader import write_records
+    from ..decoders import Example, FixedLen
+    from ..pipeline import Dataset
+    from .config import EXAMPLE_FLOATS
 
     rng = np.random.default_rng(0)
     tmp = args.tmpdir or tempfile.mkdtemp(prefix="streamio-bench-ray-")
@@ -67,74 +146,19 @@ def run(args: argparse.Namespace) -> list:
     for path in files:
         if not os.path.exists(path):
             _write_examples(path, args.records, rng)
-    total = args.files * args.records
     decoder = Example({"x": FixedLen((EXAMPLE_FLOATS,), "float32"), "label": FixedLen((), "int64")})
-    rows = []
-
-    n, rate = _rate(lambda: sum(len(b["label"]) for b in
-                                streamio.Dataset(files, "tfrecord", decoder=decoder).batch(4096)))
-    inproc = rate
-    rows.append(("streamio in-process, batch 4096", n, rate, 1.0))
-
+    n, inproc = _rate(lambda: sum(len(b["label"]) for b in
+                                  Dataset(files, "tfrecord", decoder=decoder).batch(4096)))
+    rows = [("streamio in-process, batch 4096", n, inproc, 1.0)]
     ray.init(num_cpus=args.cpus, object_store_memory=args.object_store_mb << 20,
              include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        for bs in args.batch_sizes:
-            for blk in args.rows_per_block or [None]:
-                ds = sray.read(files, "tfrecord", decoder=decoder, rows_per_block=blk,
-                               parallelism=args.parallelism)
-                n, rate = _rate(lambda: _count_batches(ds, bs, "label"))
-                assert n == total, (n, total)
-                label = f"streamio.ray.read, iter_batches {bs}"
-                if blk:
-                    label += f", {blk} rows/block"
-                rows.append((label, n, rate, rate / inproc))
-        # Ray's own reader on a prefix of the same records (it is ~1000x slower).
-        peer = os.path.join(tmp, f"peer-{args.records}-{args.peer_records}.tfrecord")
-        if not os.path.exists(peer):
-            write_records(peer, "tfrecord", streamio.read_records(files[0], "tfrecord")
-                          if args.peer_records >= args.records else
-                          _first(files[0], args.peer_records))
-        ds = ray.data.read_tfrecords(peer)
-        n, rate = _rate(lambda: _count_batches(ds, 4096, "label"))
-        rows.append(("ray.data.read_tfrecords, iter_batches 4096", n, rate, rate / inproc))
-        if importlib.util.find_spec("tfx_bsl") is not None:
-            from ray.data import TFXReadOptions
-
-            ds = ray.data.read_tfrecords(peer, tfx_read_options=TFXReadOptions())
-            n, rate = _rate(lambda: _count_batches(ds, 4096, "label"))
-            rows.append(("read_tfrecords + tfx-bsl, iter_batches 4096", n, rate, rate / inproc))
-        else:
-            rows.append(("read_tfrecords + tfx-bsl: not installed", 0, 0.0, 0.0))
-        # 100 KB records, raw (MB/s in the label).
-        large = os.path.join(tmp, f"large-{args.large}.tfrecord")
-        if not os.path.exists(large):
-            block = rng.integers(0, 256, 100_000 + 4096, dtype=np.uint8).tobytes()
-            write_records(large, "tfrecord", (block[i * 97 % 4096:i * 97 % 4096 + 100_000]
-                                              for i in range(args.large)))
-        n, rate = _rate(lambda: sum(len(b) for b in
-                                    streamio.Dataset(large, "tfrecord").batch(64)))
-        rows.append(("100 KB records in-process (MB/s = rate/10)", n, rate, 1.0))
-        big_in = rate
-        ds = sray.read(large, "tfrecord", parallelism=args.parallelism)
-        n, rate = _rate(lambda: _count_batches(ds, 64, "record"))
-        rows.append(("100 KB records, streamio.ray.read, batch 64", n, rate, rate / big_in))
-        # RecordIO-protobuf: no Ray reader exists.
-        rio = os.path.join(tmp, f"dense-{args.recordio}.rec")
-        if not os.path.exists(rio):
-            payloads, _, _ = recordio_protobuf_payloads(args.recordio, rng)
-            write_records(rio, "recordio", (row.tobytes() for row in payloads),
-                          multipart="concat")
-        dec = RecordIOProtobuf()
-        n, rate = _rate(lambda: sum(len(b["values"]) for b in
-                                    streamio.Dataset(rio, "recordio", decoder=dec).batch(4096)))
-        rows.append(("RecordIO-protobuf in-process, batch 4096", n, rate, 1.0))
-        rio_in = rate
-        ds = sray.read(rio, "recordio", decoder=RecordIOProtobuf(), parallelism=args.parallelism)
-        n, rate = _rate(lambda: _count_batches(ds, 4096, "values"))
-        rows.append(("RecordIO-protobuf, streamio.ray.read, batch 4096", n, rate, rate / rio_in))
+        rows += _ray_read_rows(args, files, decoder, inproc)
+        rows += _peer_rows(args, tmp, files, inproc)
+        rows += _large_rows(args, tmp, rng)
+        rows += _recordio_rows(args, tmp, rng)
     finally:
         ray.shutdown()
         if not args.tmpdir:
@@ -143,7 +167,7 @@ def run(args: argparse.Namespace) -> list:
 
 
 def _first(path: str, n: int):
-    from .reader import read_records
+    from ..reader import read_records
 
     for i, record in enumerate(read_records(path, "tfrecord")):
         if i >= n:
@@ -180,7 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print("streamio bench --workloads ray needs unshare (util-linux)", file=sys.stderr)
             return 2
         env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DISABLE_DOCKER_CPU_WARNING="1")
-        inner = " ".join([sys.executable, "-m", "streamio.bench_ray", _INSIDE,
+        inner = " ".join([sys.executable, "-m", "streamio.bench.ray", _INSIDE,
                           *(_quote(a) for a in argv)])
         return subprocess.call(["unshare", "--net", "--pid", "--fork", "--mount-proc",
                                 "--kill-child", "sh", "-c", f"ip link set lo up && exec {inner}"],

@@ -31,9 +31,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .decoders.example import encode_example
-from .errors import SourceError, require
-from .errors import UsageError
+from ..decoders.example import encode_example
+from ..errors import SourceError, require
+from ..errors import UsageError
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_EPOCHS", "DEFAULT_RECORDS",
            "make_demo_data", "run_demo"]
@@ -56,7 +56,7 @@ _SERVE_OPEN_TIMEOUT = 60.0
 
 def make_demo_data(path: str, *, records: int = DEFAULT_RECORDS, seed: int = DEFAULT_SEED) -> None:
     """Write the demo's TFRecord file: features ``x`` (16 floats), label ``y`` (0 or 1)."""
-    from .reader import write_records
+    from ..reader import write_records
 
     rng = np.random.default_rng(seed)
     weights = rng.normal(size=FEATURES).astype(np.float32)
@@ -88,8 +88,8 @@ def _serve(root: str, epochs: int, path: str) -> subprocess.Popen:
 
 
 def _dataset(root: str, *, batch_size: int, seed: int) -> Any:
-    from . import sagemaker
-    from .decoders import Example, FixedLen
+    from .. import sagemaker
+    from ..decoders import Example, FixedLen
 
     decoder = Example({"x": FixedLen([FEATURES], "float32"), "y": FixedLen([], "int64")})
     return (sagemaker.channel("train", decoder=decoder, root=root,
@@ -149,7 +149,7 @@ def _train_torch(ds: Any, epochs: int, *, device: Optional[str], seed: int,
                  report: Callable[[dict], None]) -> list:
     import torch
 
-    from .torch import to_device
+    from ..torch import to_device
 
     torch.manual_seed(seed)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -218,7 +218,7 @@ class _TimedDataset:
 def _train_tf(ds: Any, epochs: int, *, records: int, seed: int,
               report: Callable[[dict], None]) -> list:
     tf = require("tensorflow", "tf")
-    from .adapters.tf import to_tf
+    from ..adapters.tf import to_tf
 
     tf.keras.utils.set_random_seed(seed)
     waited = [0.0]

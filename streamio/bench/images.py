@@ -90,8 +90,8 @@ def _encode_photo(seed: int) -> bytes:
 
 def make_image_set(n: int, cache_dir: str, log: Callable[[str], None] = lambda m: None) -> dict:
     """Generate (or find cached) ``n`` photos as TFRecord, im2rec and loose files."""
-    from .decoders import encode_example, encode_image_record
-    from .reader import write_records
+    from ..decoders import encode_example, encode_image_record
+    from ..reader import write_records
 
     root = os.path.join(cache_dir, f"v{GENERATOR_VERSION}-n{n}")
     done = os.path.join(root, "done.json")
@@ -146,7 +146,7 @@ def _larger_set(cache_dir: str, n: int) -> Optional[dict]:
 
 # -- decoding strategies ---------------------------------------------------------------------------
 def _decoders(fmt: str) -> Any:
-    from .decoders import Example, FixedLen, Image, ImageRecord
+    from ..decoders import Example, FixedLen, Image, ImageRecord
 
     image = Image(resize=RESIZE, crop=CROP)
     if fmt == "tfrecord":
@@ -186,14 +186,14 @@ def _bounded_ordered(submit: Callable[[Any], Any], items: Iterable[Any], depth: 
 
 
 def has_map() -> bool:
-    from .pipeline import Dataset
+    from ..pipeline import Dataset
 
     return callable(getattr(Dataset, "map", None))
 
 
 def streamio_batches(path: str, fmt: str, parallel: int, backend: str) -> Iterator[dict]:
     """Decoded batches of ``path`` (a FIFO) with ``parallel`` decoders (1: inline)."""
-    from .pipeline import Dataset
+    from ..pipeline import Dataset
 
     decoder = _decoders(fmt)
     if parallel == 1:
@@ -265,8 +265,8 @@ def _consume(batches: Iterable[dict], image_key: str, label_key: str) -> tuple:
     return images, labels
 
 
-def _time_fifo(src: str, tmpdir: str, fmt: str, parallel: int, backend: str) -> tuple:
-    from .bench import FifoFeed
+def time_fifo(src: str, tmpdir: str, fmt: str, parallel: int, backend: str) -> tuple:
+    from .measure import FifoFeed
 
     feed = FifoFeed(src, tmpdir)
     try:
@@ -287,8 +287,8 @@ def _time_imagefolder(files: Sequence[tuple], workers: int) -> tuple:
     return time.perf_counter() - t0, images, labels
 
 
-def _time_limit(jpegs: Sequence[bytes], raw: bool, threads: int = 1) -> tuple:
-    from .decoders import Image
+def time_limit(jpegs: Sequence[bytes], raw: bool, threads: int = 1) -> tuple:
+    from ..decoders import Image
 
     if raw:  # the chosen library's decode alone, full size
         import simplejpeg
@@ -319,7 +319,7 @@ def warm_up(info: dict) -> None:
     except ImportError:
         pass
     if has_map():
-        from .pipeline import Dataset
+        from ..pipeline import Dataset
 
         for fmt, src in (("tfrecord", info["tfrecord"]), ("recordio", info["rec"])):
             decoder = _decoders(fmt)
@@ -374,17 +374,17 @@ def run(images: int, rounds: int, cache_dir: str, tmpdir: str, log: Callable[[st
     cases: dict = {}
     for fmt, src in (("tfrecord", info["tfrecord"]), ("recordio", info["rec"])):
         name = "TFRecord Example" if fmt == "tfrecord" else "im2rec .rec"
-        cases[f"{name}: 1 decoder"] = lambda s=src, f=fmt: _time_fifo(s, tmpdir, f, 1, "thread")
+        cases[f"{name}: 1 decoder"] = lambda s=src, f=fmt: time_fifo(s, tmpdir, f, 1, "thread")
         cases[f"{name}: {PARALLEL} threads"] = (
-            lambda s=src, f=fmt: _time_fifo(s, tmpdir, f, PARALLEL, "thread"))
+            lambda s=src, f=fmt: time_fifo(s, tmpdir, f, PARALLEL, "thread"))
         cases[f"{name}: {PARALLEL} processes"] = (
-            lambda s=src, f=fmt: _time_fifo(s, tmpdir, f, PARALLEL, "process"))
+            lambda s=src, f=fmt: time_fifo(s, tmpdir, f, PARALLEL, "process"))
     cases[f"ImageFolder baseline, DataLoader(num_workers={PARALLEL})"] = (
         lambda: _time_imagefolder(info["files"], PARALLEL))
-    cases["limit: decode+resize+crop in memory, 1 thread"] = lambda: _time_limit(jpegs, False)
+    cases["limit: decode+resize+crop in memory, 1 thread"] = lambda: time_limit(jpegs, False)
     cases[f"decode+resize+crop in memory, {PARALLEL} threads (are {PARALLEL} cores free?)"] = (
-        lambda: _time_limit(jpegs, False, PARALLEL))
-    cases["raw decode in memory, 1 thread (reference)"] = lambda: _time_limit(jpegs, True)
+        lambda: time_limit(jpegs, False, PARALLEL))
+    cases["raw decode in memory, 1 thread (reference)"] = lambda: time_limit(jpegs, True)
     seconds: dict = {name: [] for name in cases}
     cpu: dict = {name: [] for name in cases}
     names = list(cases)

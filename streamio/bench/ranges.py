@@ -3,11 +3,12 @@
 Writes one TFRecord file (``--mb``, default 1024 MB, of ``--record-kb`` records), then reads it
 as ``--readers`` shards (``Dataset(path, "tfrecord").shard(N, i)``), one after the other in this
 process: first split by byte range (what ``shard`` does for a regular file), then dealt
-round-robin (what it did before, and still does for a pipe or a compressed file; forced here by
-turning the range planner off). Prints, per mode, the bytes each reader read (``stats()["bytes"]``)
-and records/s (each reader's records over its own time, and all records over the total time).
-Readers run one at a time so the figures do not depend on how many cores are free; with parallel
-workers the round-robin readers would also compete for the same disk bandwidth.
+round-robin (what it did before, and still does for a pipe or a compressed file; here each reader
+reads the file as an unbuffered stream, ``open(path, "rb", buffering=0)``, which is never split).
+Prints, per mode, the bytes each reader read (``stats()["bytes"]``) and records/s (each reader's
+records over its own time, and all records over the total time). Readers run one at a time so
+the figures do not depend on how many cores are free; with parallel workers the round-robin
+readers would also compete for the same disk bandwidth.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import os
 import tempfile
 import time
 
-import streamio.pipeline.dataset as dataset_module
-from streamio import Dataset, write_records
+from .. import Dataset, write_records
 
 
 def write_file(path: str, mb: int, record_kb: float) -> int:
@@ -36,23 +36,25 @@ def write_file(path: str, mb: int, record_kb: float) -> int:
 
 
 def run(path: str, readers: int, mode: str) -> dict:
-    saved = dataset_module.plan_range
-    if mode == "round-robin":
-        dataset_module.plan_range = lambda *args, **kwargs: None
-    try:
-        rows = []
-        total_records = 0
-        start = time.perf_counter()
-        for i in range(readers):
-            ds = Dataset(path, "tfrecord").shard(readers, i).batch(1024)
-            t0 = time.perf_counter()
+    """Read ``path`` as ``readers`` shards one after the other. ``mode`` "byte-range": by path
+    (a regular file is split by byte range); "round-robin": each reader reads the whole file as
+    an unbuffered stream (a stream is never split; its records are dealt round-robin)."""
+    rows = []
+    total_records = 0
+    start = time.perf_counter()
+    for i in range(readers):
+        t0 = time.perf_counter()
+        stream = open(path, "rb", buffering=0) if mode == "round-robin" else None
+        try:
+            ds = Dataset(stream or path, "tfrecord").shard(readers, i).batch(1024)
             n = sum(len(batch) for batch in ds)
-            elapsed = time.perf_counter() - t0
-            rows.append((i, ds.stats()["bytes"], n, n / elapsed))
-            total_records += n
-        total = time.perf_counter() - start
-    finally:
-        dataset_module.plan_range = saved
+        finally:
+            if stream is not None:
+                stream.close()
+        elapsed = time.perf_counter() - t0
+        rows.append((i, ds.stats()["bytes"], n, n / elapsed))
+        total_records += n
+    total = time.perf_counter() - start
     return {"rows": rows, "records": total_records, "seconds": total}
 
 

@@ -25,7 +25,9 @@ import time
 import numpy as np
 
 import streamio
-from streamio.bench import _example_decoder, example_payloads
+
+from .cases import example_decoder
+from .workloads import example_payloads
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -48,7 +50,7 @@ def _serve(directory: str) -> tuple:
 
 
 def _pipeline(source: str) -> streamio.Dataset:
-    ds = streamio.Dataset(source, "tfrecord", decoder=_example_decoder())
+    ds = streamio.Dataset(source, "tfrecord", decoder=example_decoder())
     return ds.shuffle(10000, seed=0).batch(256).prefetch().with_context(epoch=0)
 
 

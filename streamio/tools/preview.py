@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .decoders._wire import WireError, read_len, read_varint, skip_field
+from ..decoders._wire import WireError, read_len, read_varint, skip_field
 
 __all__ = ["preview"]
 
@@ -145,9 +145,9 @@ def _values(kind: str, values: list) -> str:
 
 # -- SageMaker RecordIO-protobuf ----------------------------------------------------------------
 def _recordio_protobuf(record: bytes) -> Optional[str]:
-    from .decoders.recordio_protobuf import RecordIOProtobuf
-    from .decoders.sparse import SparseBatch
-    from .errors import StreamioError
+    from ..decoders.recordio_protobuf import RecordIOProtobuf
+    from ..decoders.sparse import SparseBatch
+    from ..errors import StreamioError
 
     try:
         batch = RecordIOProtobuf().decode_batch([record])

@@ -31,7 +31,7 @@ def measure_overlap(device: str = "cuda", shape: Sequence[int] = (256, 3, 224, 2
     """
     import torch
 
-    from .adapters.torch import to_device
+    from ..adapters.torch import to_device
 
     dev = torch.device(device)
     host = [torch.randint(0, 256, tuple(shape), dtype=torch.uint8).pin_memory() for _ in range(3)]
@@ -108,8 +108,8 @@ def decode_rates(jpegs: Sequence[bytes], *, device: Optional[str], batch: int = 
     scaling."""
     import torch
 
-    from .decoders import Image
-    from .decoders import _torch_image
+    from ..decoders import Image
+    from ..decoders import _torch_image
 
     batches = [list(jpegs[i:i + batch]) for i in range(0, len(jpegs), batch)]
     cpu = Image(resize=resize, crop=crop)
@@ -162,7 +162,7 @@ def scaling(info: dict, decoders: Sequence[int], rounds: int, tmpdir: str,
     same number of threads; one dict per count, yielded as soon as it is measured (so that a
     run cut short still has its first rows). Stops before a count when ``deadline``
     (``time.monotonic()``) has passed."""
-    from . import bench_images
+    from . import images as bench_images
 
     jpegs = []
     for path, _ in info["files"]:
@@ -174,11 +174,11 @@ def scaling(info: dict, decoders: Sequence[int], rounds: int, tmpdir: str,
         if deadline is not None and time.monotonic() > deadline:
             return
         cases = {
-            "threads": lambda: bench_images._time_fifo(info["tfrecord"], tmpdir, "tfrecord",
+            "threads": lambda: bench_images.time_fifo(info["tfrecord"], tmpdir, "tfrecord",
                                                        count, "thread"),
-            "processes": lambda: bench_images._time_fifo(info["tfrecord"], tmpdir, "tfrecord",
+            "processes": lambda: bench_images.time_fifo(info["tfrecord"], tmpdir, "tfrecord",
                                                          count, "process"),
-            "in-memory": lambda: bench_images._time_limit(jpegs, False, count),
+            "in-memory": lambda: bench_images.time_limit(jpegs, False, count),
         }
         if count == 1:  # one decoder decodes in the reading thread, whatever the backend
             del cases["processes"]

@@ -1,0 +1,47 @@
+"""Small helpers several rooms share, one home each: an int argument's check, the rows of a
+batch, and closing a block iterator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import UsageError, UsageTypeError
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int, if it is one (a numpy integer too, never a bool) of at least
+    ``minimum``: else :class:`UsageTypeError` (not an int) or :class:`UsageError` (too small)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise UsageTypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise UsageError(f"{name} must be >= {minimum}, not {value}")
+    return int(value)
+
+
+def batch_rows(batch: Any) -> int:
+    """The rows in a batch: a dict of columns (its first column's length), a mapped tuple such
+    as ``(images, labels)`` (its first part's), an array (its first dimension), a list of
+    records (its length); 1 for anything without a length."""
+    if isinstance(batch, dict):
+        for value in batch.values():
+            shape = getattr(value, "shape", None)
+            return int(shape[0]) if shape else len(value)
+        return 0
+    if isinstance(batch, tuple) and batch and not isinstance(batch[0], (bytes, str)):
+        return batch_rows(batch[0])  # a mapped batch such as (images, labels)
+    shape = getattr(batch, "shape", None)
+    if shape:
+        return int(shape[0])
+    try:
+        return len(batch)
+    except TypeError:
+        return 1
+
+
+def close_iterator(blocks: Any) -> None:
+    """Close a generator (or anything with ``close``), so its ``finally`` runs now."""
+    close = getattr(blocks, "close", None)
+    if close is not None:
+        close()
