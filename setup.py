@@ -73,7 +73,7 @@ setup(
         # Pillow: PNG, and JPEG where simplejpeg has no wheel; its resize is what streamio's
         # resample kernel reproduces byte for byte, as of 13 (which runs the vertical pass first
         # for some shapes); simplejpeg: libjpeg-turbo JPEG decoding without the GIL (see
-        # streamio/decoders/image.py and the README).
+        # streamio/decoders/image.py and docs/images.md).
         "image": ["pillow>=13", "simplejpeg>=1.6"],
         "bench": ["pandas", "tfrecord", "isal>=1.6", "zlib-ng>=0.5", "pillow>=13",
                   "simplejpeg>=1.6"],
@@ -82,7 +82,7 @@ setup(
         "ray": ["ray[data,train]>=2.40", "pyarrow>=14"],
         "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
                 "moto[server]>=5", "isal>=1.6", "zlib-ng>=0.5",
-                # torchdata's StatefulDataLoader: the resume tests (tests/test_resume.py).
+                # torchdata's StatefulDataLoader: the resume tests (tests/pipeline/test_resume.py).
                 "torchdata>=0.8",
                 "backports.zstd>=1.0; python_version<'3.14'",
                 # diagnose --plot draws its timeline with matplotlib (optional for users).

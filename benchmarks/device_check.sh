@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check (README "GPU JPEG decode and the device check"): on a machine with an NVIDIA
+# The device check (docs/images.md, "The device check"): on a machine with an NVIDIA
 # GPU, proves or disproves streamio's two GPU-host claims in one run of ~7 minutes and prints
 # one table: the CUDA tests (to_device overlap, pinned memory, the prefetcher's resume, GPU
 # JPEG decode), nvJPEG decode against the CPU path, and the image benchmark from one FIFO at

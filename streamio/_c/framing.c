@@ -374,7 +374,7 @@ static inline int lowest_bit(uint64_t x) /* x != 0 */
  * is within the limit. A memchr per candidate to find the next, with branches on the length,
  * ran that garbage at 100-200 MB/s.
  * A block that starts in a run of one byte (zeros, 0xFF padding) is passed over with the run:
- * no 12 bytes of one value are a sound header (tests/test_resync.py checks all 256).
+ * no 12 bytes of one value are a sound header (tests/formats/test_resync.py checks all 256).
  * ``zero_bytes64`` and ``crc8`` are the zero-byte mask and the CRC-32C of 8 bytes; always_inline:
  * each caller below gets its own copy with them inlined. */
 static inline __attribute__((always_inline)) Py_ssize_t

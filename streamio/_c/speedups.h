@@ -1,7 +1,7 @@
 /* Shared by the C kernels of streamio._speedups (one .c file per kernel family).
  *
  * Every kernel has a pure-Python (or numpy) reference with the same signature and results,
- * errors included; tests/test_speedups.py holds each to it with Hypothesis on valid, mutated and
+ * errors included; tests/kernels/test_kernel_*.py hold each to it with Hypothesis on valid, mutated and
  * random input. The package works without this module: it is built as an optional extension.
  *
  *   crc.c          crc32c, crc32c_portable               the crc32c package

@@ -1,7 +1,7 @@
 """The reference wire parsers of :mod:`streamio.decoders.example` (``parse_examples``,
 ``parse_sequence_examples``): pure functions from a batch of records to flat value arrays plus a
 ``counts`` matrix; the C kernels (streamio/_c/pb_example.c) have the same signatures and results,
-errors included, and tests/test_speedups.py holds them to these."""
+errors included, and tests/kernels/test_kernel_protobuf.py holds them to these."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ box=box)``, without the round trip through a Pillow image.
 same coefficients, fixed-point arithmetic, pass order and rounding as Pillow's
 ``libImaging/Resample.c``, with SSE4.1/AVX2 multiply-accumulates) when the extension is built,
 and :func:`resize_pillow`, the reference the tests and the fuzz target hold the kernel to,
-otherwise. Both give the same bytes for every input; ``tests/test_resample.py`` checks it.
+otherwise. Both give the same bytes for every input; ``tests/kernels/test_kernel_resample.py`` checks it.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ refuses an image before the GPU allocates it, and so that a :class:`RandomResize
 crop exactly as on the CPU), and images nvJPEG is not given: PNG and other formats, CMYK JPEGs.
 Those take the CPU path (:meth:`Image._decode`) and are copied into the batch.
 
-Differences from the CPU path, which the tests bound (``tests/test_image_gpu.py``):
+Differences from the CPU path, which the tests bound (``tests/decoders/test_image_gpu.py``):
 
 * nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's (simplejpeg, Pillow): pixels
   differ by a level or two, more at sharp colour edges of 4:2:0 JPEGs;
@@ -21,7 +21,7 @@ Differences from the CPU path, which the tests bound (``tests/test_image_gpu.py`
 * there is no DCT-domain downscaling (``dct_scaling``): nvJPEG always decodes the full image.
 
 ``GPU_MEAN_ABS_TOLERANCE`` and ``GPU_MAX_ABS_TOLERANCE`` are the bounds, against the CPU path
-with ``dct_scaling=False``, that the tests hold the GPU path to; the README says where they come
+with ``dct_scaling=False``, that the tests hold the GPU path to; docs/images.md says where they come
 from.
 
 Where it runs: in the process that iterates the dataset. A DataLoader worker process cannot use
@@ -41,7 +41,7 @@ from ..errors import MissingDependencyError, UsageError
 GPU_RESAMPLE = ("bilinear", "bicubic", "nearest")
 
 #: The GPU path's distance from the CPU path (``dct_scaling=False``), in uint8 levels: the mean
-#: absolute difference over a batch, and the largest at any one pixel. Measured in README
+#: absolute difference over a batch, and the largest at any one pixel. Measured in docs/images.md
 #: "GPU JPEG decode"; the tests hold both paths to these.
 GPU_MEAN_ABS_TOLERANCE = 3.0
 GPU_MAX_ABS_TOLERANCE = 64

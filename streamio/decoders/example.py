@@ -50,11 +50,11 @@ from ._wire import WireError, encode_packed_varints, len_field
 from .sparse import SparseBatch
 from .spec import FieldSpec
 
-try:  # the C kernel (streamio/_c/pb_example.c); tests/test_speedups.py holds it to parse_examples
+try:  # the C kernel (streamio/_c/pb_example.c); tests/kernels/test_kernel_protobuf.py holds it to parse_examples
     from .._speedups import parse_examples as _c_parse_examples
 except ImportError:  # pragma: no cover - depends on the build
     _c_parse_examples = None
-try:  # the same file; tests/test_speedups.py holds it to parse_sequence_examples
+try:  # the same file; tests/kernels/test_kernel_protobuf.py holds it to parse_sequence_examples
     from .._speedups import parse_sequence_examples as _c_parse_sequence_examples
 except ImportError:  # pragma: no cover - depends on the build (or an older one)
     _c_parse_sequence_examples = None

@@ -47,7 +47,7 @@ from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec
 
-try:  # the C kernel (streamio/_c/pb_recordio.c); tests/test_speedups.py holds it to the reference
+try:  # the C kernel (streamio/_c/pb_recordio.c); tests/kernels/test_kernel_protobuf.py holds it to the reference
     from .._speedups import parse_recordio_protobuf as _c_parse_recordio_protobuf
 except ImportError:  # pragma: no cover - depends on the build
     _c_parse_recordio_protobuf = None

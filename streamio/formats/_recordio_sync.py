@@ -8,7 +8,7 @@ each magic number with ``re`` at GB/s, but pays about a microsecond of Python pe
 it rejects: garbage made of magic numbers (every aligned word the magic, or the magic before a
 middle part's cflag 2, or before a length over the limit, or at offsets that are not 4-aligned
 in the stream) ran at 7-25 MB/s. Here the aligned words of a block are tested at once; the
-answer is the same as the loop's (tests/test_resync.py holds this version to it with
+answer is the same as the loop's (tests/formats/test_resync.py holds this version to it with
 Hypothesis).
 """
 

@@ -4,7 +4,7 @@ Resynchronising (``on_error="skip"`` after a damaged header) means finding the f
 ``q`` where a sound header starts: ``u64 length | u32 masked_crc32c(length bytes)`` with the
 length within ``max_record_size``. Tested offset by offset in Python that is 4-9 MB/s; here a
 block of offsets is tested at once, and the answer is the same as the loop's
-(``tfrecord._find_tfrecord_sync_loop``, the specification; tests/test_resync.py holds this
+(``tfrecord._find_tfrecord_sync_loop``, the specification; tests/formats/test_resync.py holds this
 version to it with Hypothesis):
 
 1. The length at every offset is read through an unaligned strided ``<u8`` view, copied into
@@ -91,7 +91,7 @@ def _first_in_block(buf, p: int, n: int, limit: int, scratch: tuple) -> int:
     window = np.frombuffer(buf, np.uint8, count=n + 11, offset=p)
     if window[0] == window[-1] and not (window != window[0]).any():
         # One byte repeated (zeros, 0xFF padding): every offset holds the same 12 bytes, and
-        # for none of the 256 byte values are they a sound header (tests/test_resync.py).
+        # for none of the 256 byte values are they a sound header (tests/formats/test_resync.py).
         return -1
     # The u64 at every offset, unaligned: copied to an aligned array first, since numpy's
     # compares on unaligned data are 4x slower than that copy.

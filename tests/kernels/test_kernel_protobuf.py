@@ -1,4 +1,4 @@
-"""The protobuf kernels (streamio/_c/protobuf.c: parse_examples, parse_sequence_examples,
+"""The protobuf kernels (streamio/_c/pb_example.c, pb_recordio.c: parse_examples, parse_sequence_examples,
 parse_recordio_protobuf) against the pure-Python parsers they replace: the same arrays bit for
 bit, or the same error naming the same record and feature.
 """
