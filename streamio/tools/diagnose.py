@@ -412,7 +412,7 @@ def add_cli(sub) -> None:
     p.add_argument("--format", "-f", required=True)
     p.add_argument("--decoder", default=None,
                    help="example:SPEC.json (a JSON object {feature: {\"dtype\": \"float32\","
-                        " \"shape\": [16]}}; \"varlen\": true for a VarLen; see docs/tools.md),"
+                        " \"shape\": [16]}}; \"varlen\": true for a VarLen; see docs/pipeline.md),"
                         " csv[:LABEL_COLUMN], recordio-protobuf or none")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--shuffle", type=int, default=0, help="shuffle buffer size (0: none)")
