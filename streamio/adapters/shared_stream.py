@@ -123,7 +123,7 @@ import numpy as np
 
 from ..errors import SourceError, StreamioError, UsageError
 from ..formats import DEFAULT_MAX_RECORD_SIZE
-from ..pipeline.dataset import _INDEX_BITS, _EpochRun
+from ..pipeline.epoch import EpochRun, origin_source
 from ..sources import PipeChannel
 from . import _shared_wire as wire
 from ._local_ipc import listen, socket_name, stranger, user_key
@@ -255,9 +255,7 @@ class _Dealer(threading.Thread):
         # The pipeline's own source end, without stages or decoder: it opens each source once,
         # applies shard() layers (a host's share of a replicated stream) exactly as a reader
         # that is not shared would, and gives each record its origin.
-        raw = self.dataset._derive(_feed=None, _stages=(), _decoder=None)
-        run = _EpochRun(raw, self.epoch, self.stats)
-        run.track_ids = True
+        run = EpochRun.for_sources(self.dataset, self.epoch, self.stats)
         pending: list = []
         pending_ids: list = []
         ordinal = -1
@@ -278,7 +276,7 @@ class _Dealer(threading.Thread):
             for records, ids in source_blocks:
                 start = 0
                 while start < len(records):
-                    here = int(ids[start]) >> _INDEX_BITS
+                    here = origin_source(ids[start])
                     if here != ordinal and pending:
                         yield cut()
                     ordinal = here
@@ -689,7 +687,7 @@ class SharedStreamFeed:
                     ended = True
                     break
                 name, ids, records = block
-                run.names[int(ids[0]) >> _INDEX_BITS] = name
+                run.name_source(origin_source(ids[0]), name)
                 yield records, (ids if run.track_ids else None)
         finally:
             if watch is not None:

@@ -432,7 +432,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._started_epoch: Optional[int] = None  # the epoch of the latest iter() here
         self._pending: Optional[tuple] = None  # (epoch, iterator state or None)
         self._channel_shift = 0
-        adopt = getattr(dataset, "_add_stats_provider", None)
+        adopt = getattr(dataset, "add_stats_provider", None)
         if adopt is not None:
             adopt(self)  # dataset.stats() then sees the epochs read here and in the workers
 
@@ -450,7 +450,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         process or in DataLoader workers (summed over the workers), or None."""
         found = self._worker_stats.latest()
         last = self._last
-        stats = None if last is None else getattr(last, "_last_stats", None)
+        stats = None if last is None else getattr(last, "epoch_stats", None)
         if stats is not None and (found is None or stats.started_at >= found[0]):
             found = (stats.started_at, stats.snapshot())
         return found
@@ -568,7 +568,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
                                     epoch=epoch, worker=worker, num_workers=num_workers,
                                     local_rank=local_rank, local_world_size=local_world,
                                     connect_timeout=self.connect_timeout)
-        return ds._with_feed(feed)
+        return ds.with_feed(feed)
 
     # -- resume: torchdata StatefulDataLoader / torch.distributed.checkpoint Stateful -----------
     def state_dict(self) -> dict:
@@ -662,7 +662,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         ends (before the DataLoader learns that this worker is done)."""
         iterator = iter(ds)
         self._iterator = iterator if hasattr(iterator, "state_dict") else None
-        stats = getattr(ds, "_last_stats", None)
+        stats = getattr(ds, "epoch_stats", None)
         if stats is None:  # not a streamio Dataset: nothing to publish
             yield from self._generate(iterator, False)
             return
