@@ -82,7 +82,7 @@ private directory below, for example), never make it silently short. How:
 - **Nothing received is code.** Errors travel as plain data (class name, message, attributes,
   rank/worker: JSON), and only streamio's own error classes are rebuilt from them; every header,
   hello and block is checked against its limits before anything is allocated
-  (:mod:`._shared_wire`, fuzzed by ``tests/fuzz`` target ``shared_wire``).
+  (:mod:`._wire`, fuzzed by ``tests/fuzz`` target ``shared_wire``).
 - **Credentials on both ends** (``SO_PEERCRED``): the dealer closes a connection from another
   uid at once (one ``RuntimeWarning`` per uid); a reader that finds a listener of another uid at
   its address refuses it with a ``SourceError`` naming its pid and uid, and a dealer whose
@@ -123,9 +123,9 @@ import numpy as np
 
 from ..errors import SourceError, StreamioError, UsageError
 from ..formats import DEFAULT_MAX_RECORD_SIZE
-from ..pipeline.epoch import EpochRun, origin_source
+from ..pipeline import EpochRun, origin_source
 from ..sources import PipeChannel
-from . import _shared_wire as wire
+from . import _wire as wire
 from ._local_ipc import listen, socket_name, stranger, user_key
 
 __all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "DEFAULT_CONNECT_TIMEOUT", "READ_AHEAD",
@@ -154,7 +154,7 @@ def dealer_address(token: str, epoch: int) -> Any:
     """Where the dealer of ``epoch`` of one rank's DataLoader workers listens: a name keyed by
     ``token`` (the ``StreamDataset``'s secret, held by its process and workers only), so that
     neither this epoch's name nor the next one's can be derived by anyone else
-    (:func:`~streamio.adapters._local_ipc.socket_name`)."""
+    (:func:`~streamio.sharing._local_ipc.socket_name`)."""
     return socket_name(token.encode("ascii"), "workers", f"epoch={epoch}")
 
 
@@ -182,7 +182,7 @@ def stream_address(sources: Sequence[Any], epoch: int) -> Any:
     """The dealer address every local rank of one job derives alike for ``sources`` in
     ``epoch``: the sources' real paths, the epoch, the user and the torchrun job
     (:data:`_JOB_VARIABLES`, where set), keyed by the user's secret
-    (:func:`~streamio.adapters._local_ipc.user_key`), which no other user can read. Raises
+    (:func:`~streamio.sharing._local_ipc.user_key`), which no other user can read. Raises
     ``UsageError`` for a source other processes cannot name (stdin, a file object)."""
     parts = [f"uid={os.getuid() if hasattr(os, 'getuid') else 0}", f"epoch={epoch}"]
     for source in sources:

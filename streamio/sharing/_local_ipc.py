@@ -1,7 +1,7 @@
 """Unix sockets between the processes of one user that other local users cannot use.
 
 Three things keep another user of the host out of the shared stream (see
-:mod:`streamio.adapters.shared_stream` for what streamio promises):
+:mod:`streamio.sharing.stream` for what streamio promises):
 
 - **Names others cannot compute.** A socket's name is an HMAC-SHA256 of public facts (the stream,
   the epoch, the job) keyed by a secret: the ``StreamDataset``'s random token, which only its own
@@ -18,7 +18,7 @@ Three things keep another user of the host out of the shared stream (see
 - **Peer credentials on both ends** (``SO_PEERCRED``): the dealer closes a connection from a
   process of another uid at once; a reader that finds a listener of another uid at its address
   refuses it and says so.
-- **Nothing received is code** (:mod:`._shared_wire`).
+- **Nothing received is code** (:mod:`._wire`).
 
 Why not the ``torch.distributed`` store: its TCP store answers anyone who can reach its port,
 so it cannot keep a secret from another local user. Why abstract sockets (Linux) and not socket
