@@ -20,7 +20,7 @@ rank * num_workers + worker)``:
   read by two processes - they would steal each other's bytes. With one rank and
   ``num_workers=k``, worker 0 reads it and deals blocks of records to all ``k`` workers (each
   record to exactly one), which decode and transform in parallel: see
-  :mod:`streamio.adapters.shared_stream` (each worker shuffles its own share; a dead worker ends
+  :mod:`streamio.sharing.stream` (each worker shuffles its own share; a dead worker ends
   the epoch with an error on every side). The local ranks of a host share it too (torchrun
   on an 8-GPU host, one FIFO per host and channel in SageMaker): local rank 0's worker 0 (its
   main process with ``num_workers=0``) deals to ``LOCAL_WORLD_SIZE x max(1, num_workers)``
@@ -96,7 +96,7 @@ from ..errors import DecodeError, UsageError, UsageTypeError, require
 from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sources import PipeChannel
 from . import check_splittable, is_single_stream
-from .shared_stream import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
+from ..sharing import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
 
 torch = require("torch", "torch")
 

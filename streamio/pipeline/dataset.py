@@ -423,7 +423,7 @@ class Dataset:
     def with_feed(self, feed: Any) -> "Dataset":
         """A copy whose epochs take their records from ``feed(run)`` instead of opening the
         sources (the feed protocol: :mod:`streamio.pipeline.epoch`): how DataLoader workers
-        share one stream (:mod:`streamio.pipeline.sharing`)."""
+        share one stream (:mod:`streamio.sharing`)."""
         return self._derive(_feed=feed)
 
     _with_feed = with_feed

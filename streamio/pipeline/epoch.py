@@ -7,7 +7,7 @@ round-robin shards, CSV headers, record origins) and the decoder (batches decode
 one by one, errors renamed to the record's place in its stream).
 
 The seam for consumers that feed an epoch themselves (the shared stream of DataLoader
-workers, :mod:`streamio.pipeline.sharing`):
+workers, :mod:`streamio.sharing`):
 
 - **record origins**: a record's origin is one int, :func:`record_origin` ``(ordinal, index)``:
   the source's position in the Dataset's source list in the high bits (:data:`INDEX_BITS`
