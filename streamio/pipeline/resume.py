@@ -41,9 +41,11 @@ sequence and the seeds) or ``"batch"``. A stage without one makes resume raise
 :class:`~streamio.UsageError` rather than resume inexactly. Where the skipped items cannot stay
 undecoded (a stage after ``batch()`` whose ``reads_values`` is true: a ``map`` or ``filter``,
 or a batch ``shuffle`` with ``buffer_bytes``, whose order depends on the decoded sizes),
-fast-forward decodes them too: still exact, only slower. Stages after ``batch()`` that drop or
-move items by position (``shifts_items``) make the skipped batches travel undecoded through
-them; ``leading_skip`` says how many items a stage drops from the front.
+fast-forward decodes them too: still exact, only slower; so does one whose ``item_flow`` is
+unknown (None). Otherwise the skipped batches are dropped before the decoder (every stage after
+``batch()`` passes items through: ``"same"``) or travel undecoded through the reordering
+(``"reorder"``) and offsetting (``"offset"``, ``leading_skip`` items dropped from the front)
+stages.
 
 A state is input (a checkpoint file, a DataLoader's state dict): every field is checked before it
 is used (:func:`check_fields`: types and ranges; :func:`check_state`: against the pipeline), and a
@@ -288,11 +290,12 @@ def plan_fast_forward(stages: tuple, has_decoder: bool, n: int) -> FastForward:
     if not has_decoder or batch_at is None:
         return FastForward("end", last, n)
     after = stages[batch_at + 1:]
-    if any(s.reads_values for s in after):  # the skipped batches must be decoded anyway
-        return FastForward("end", last, n)
-    if not any(s.shifts_items for s in after):
+    flows = [s.item_flow for s in after]
+    if any(s.reads_values for s in after) or None in flows:
+        return FastForward("end", last, n)  # the skipped batches are decoded on the way
+    if all(flow == "same" for flow in flows):
         return FastForward("before_decode", batch_at, n)
-    reorders = [batch_at + 1 + i for i, s in enumerate(after) if stage_order(s) == "reorder"]
+    reorders = [batch_at + 1 + i for i, flow in enumerate(flows) if flow == "reorder"]
     at = reorders[-1] if reorders else batch_at
     # Between that point and the consumer only skip/take/prefetch: consumer item j is item
     # j + (the skips' sum) there, whatever the takes cut off later.

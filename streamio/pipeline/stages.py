@@ -9,10 +9,12 @@ its class name:
 - ``call()``: how it describes itself, as the method call that made it (``repr(Dataset)``);
 - resume (:mod:`streamio.pipeline.resume`): ``resume_order`` (``"preserve"``, ``"reorder"``,
   ``"batch"``, or None: cannot be replayed), ``reads_values`` (after ``batch()``, it looks at
-  decoded values, so a fast-forward through it must decode), ``shifts_items`` (it drops or
-  moves items by position: the fast-forward counts items after it), ``leading_skip`` (items it
-  drops from the front of the epoch), ``seed``/``seed_drawn`` (fields, where the stage has a
-  seed) and ``chain_name`` (its name in a
+  decoded values, so a fast-forward through it must decode), ``item_flow`` (how item
+  positions pass through it, for a fast-forward that skips batches undecoded: ``"same"`` every
+  item, in order; ``"offset"`` item ``j`` out is item ``j + leading_skip`` in, until it stops;
+  ``"reorder"`` a deterministic permutation by position; None, the cautious default: the
+  fast-forward decodes what it skips), ``leading_skip``, ``seed``/``seed_drawn`` (fields, where
+  the stage has a seed) and ``chain_name`` (its name in a
   resume state's chain digest);
 - the epoch's bookkeeping: ``makes_batches``, ``needs_record_ids`` (before ``batch()``, it
   wants each record's origin), ``reorders_records``, ``buffers_items`` (holds many items: a
@@ -44,7 +46,7 @@ class Stage:
     chain_name: Optional[str] = None
     resume_order: Optional[str] = None
     reads_values = True
-    shifts_items = True
+    item_flow: Optional[str] = None
     leading_skip = 0
     makes_batches = False
     needs_record_ids = False
@@ -83,6 +85,7 @@ class Shuffle(Stage):
 
     chain_name = "_Shuffle"
     resume_order = "reorder"
+    item_flow = "reorder"
     reorders_records = True
     buffers_items = True
 
@@ -109,7 +112,6 @@ class Batch(Stage):
     chain_name = "_Batch"
     resume_order = "batch"
     reads_values = False
-    shifts_items = False
     makes_batches = True
 
     def call(self) -> str:
@@ -136,6 +138,7 @@ class ShuffleBatches(Stage):
     chain_name = "_ShuffleBatches"
     resume_order = "reorder"
     reads_values = False
+    item_flow = "reorder"
     buffers_items = True
 
     def call(self) -> str:
@@ -152,7 +155,7 @@ class Prefetch(Stage):
     chain_name = "_Prefetch"
     resume_order = "preserve"
     reads_values = False
-    shifts_items = False
+    item_flow = "same"
 
     def call(self) -> str:
         return f".prefetch({'' if self.n is None else self.n})"
@@ -214,6 +217,7 @@ class Skip(Stage):
     chain_name = "_Skip"
     resume_order = "preserve"
     reads_values = False
+    item_flow = "offset"
 
     @property
     def leading_skip(self) -> int:  # type: ignore[override]
@@ -233,6 +237,7 @@ class Take(Stage):
     chain_name = "_Take"
     resume_order = "preserve"
     reads_values = False
+    item_flow = "offset"
 
     def call(self) -> str:
         return f".take({self.n})"
