@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from ..errors import StreamioWarning, UsageError, UsageTypeError
-from .stages import describe_stage
+from .stages import close_blocks, describe_stage
 
 __all__ = ["STATE_VERSION", "FastForward", "check_fields", "check_state", "describe_chain",
            "plan_fast_forward", "skip_delivered"]
@@ -303,12 +303,6 @@ def plan_fast_forward(stages: tuple, has_decoder: bool, n: int) -> FastForward:
     return FastForward("lazy", at, n, keep)
 
 
-def _close(blocks: Any) -> None:
-    close = getattr(blocks, "close", None)
-    if close is not None:
-        close()
-
-
 def skip_delivered(blocks: Iterator[tuple], n: int,
                    skip: Callable[[Iterator[tuple], int], Iterator[tuple]]) -> Iterator[tuple]:
     """``skip(blocks, n)`` (drop the ``n`` items the consumer already has), and a
@@ -323,7 +317,7 @@ def skip_delivered(blocks: Iterator[tuple], n: int,
                 seen += len(block[0])
                 yield block
         finally:
-            _close(blocks)
+            close_blocks(blocks)
 
     yield from skip(counted(), n)
     if seen < n:
@@ -347,7 +341,7 @@ def drop_batches(blocks: Iterator[tuple], n: int) -> Iterator[tuple]:
                 remaining = 0
             yield batches, ids
     finally:
-        _close(blocks)
+        close_blocks(blocks)
 
 
 class _Lazy:
@@ -372,7 +366,7 @@ def defer_decode(blocks: Iterator[tuple]) -> Iterator[tuple]:
                 start = stop
             yield out, None
     finally:
-        _close(blocks)
+        close_blocks(blocks)
 
 
 #: Stands for a batch the consumer already has: never decoded, dropped at the chain's end.
@@ -401,4 +395,4 @@ def mark_and_decode(blocks: Iterator[tuple], keep: int, count: int, decode: Any
                 raise
             yield out, None
     finally:
-        _close(blocks)
+        close_blocks(blocks)
