@@ -3,6 +3,6 @@ stays importable and is the same module object, so monkeypatching either reaches
 
 import sys
 
-from ..sharing import _wire as _moved
+from ..sharing import _wire as moved
 
-sys.modules[__name__] = _moved
+sys.modules[__name__] = moved
