@@ -223,7 +223,7 @@ class _EpochSource:
     def latest_stats(self) -> Optional[tuple]:
         """``(started_at, snapshot)`` of the latest epoch read here (``Dataset.stats()``)."""
         latest = self._latest
-        stats = None if latest is None else getattr(latest, "_last_stats", None)
+        stats = None if latest is None else getattr(latest, "epoch_stats", None)
         return None if stats is None else (stats.started_at, stats.snapshot())
 
     def _start(self) -> Any:
@@ -445,7 +445,7 @@ def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = 
         check_fields(resume)  # its epoch is read before the pipeline checks the rest
     source.resume = resume
     source.batches = batches
-    adopt = getattr(owner, "_add_stats_provider", None)
+    adopt = getattr(owner, "add_stats_provider", None)
     if adopt is not None:
         adopt(source)
     spec = None
@@ -500,7 +500,7 @@ def resume_callback(path: str, *, every: int = 100) -> Any:
     import json
     import os
 
-    from ..pipeline import resume as _resume
+    from ..pipeline.resume import check_fields
 
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise UsageError(f"every must be an int >= 1, not {every!r}")
@@ -515,7 +515,7 @@ def resume_callback(path: str, *, every: int = 100) -> Any:
             if os.path.exists(path):
                 try:
                     with open(path, encoding="utf-8") as f:
-                        self.state = _resume.check_fields(json.load(f))
+                        self.state = check_fields(json.load(f))
                 except (ValueError, UsageTypeError) as exc:  # not JSON, not UTF-8, not a state
                     raise UsageError(f"resume_callback: {path} holds no resume state ({exc})"
                                      ) from None
@@ -542,13 +542,9 @@ def resume_callback(path: str, *, every: int = 100) -> Any:
 
         def _save(self, steps: int, *, next_epoch: bool) -> None:
             it = None if self._source is None else self._source.current
-            if it is None or getattr(it, "_origin", None) is None:
+            if it is None or not callable(getattr(it, "state_after", None)):
                 raise UsageError("resume_callback: make the tf.data Dataset with its to_tf()")
-            plan, epoch, skipped = it._origin
-            if next_epoch:
-                state = _resume.make_state(plan, epoch + 1, 0, False)
-            else:
-                state = _resume.make_state(plan, epoch, skipped + steps, False)
+            state = it.state_after(steps, next_epoch=next_epoch)
             tmp = f"{self.path}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(state, f)

@@ -20,7 +20,7 @@ rank * num_workers + worker)``:
   read by two processes - they would steal each other's bytes. With one rank and
   ``num_workers=k``, worker 0 reads it and deals blocks of records to all ``k`` workers (each
   record to exactly one), which decode and transform in parallel: see
-  :mod:`streamio.adapters.shared_stream` (each worker shuffles its own share; a dead worker ends
+  :mod:`streamio.sharing.stream` (each worker shuffles its own share; a dead worker ends
   the epoch with an error on every side). The local ranks of a host share it too (torchrun
   on an 8-GPU host, one FIFO per host and channel in SageMaker): local rank 0's worker 0 (its
   main process with ``num_workers=0``) deals to ``LOCAL_WORLD_SIZE x max(1, num_workers)``
@@ -97,7 +97,7 @@ from ..errors import DecodeError, UsageError, UsageTypeError, require
 from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sources import PipeChannel
 from . import check_splittable, is_single_stream
-from .shared_stream import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
+from ..sharing import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
 
 torch = require("torch", "torch")
 
@@ -428,7 +428,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._started_epoch: Optional[int] = None  # the epoch of the latest iter() here
         self._pending: Optional[tuple] = None  # (epoch, iterator state or None)
         self._channel_shift = 0
-        adopt = getattr(dataset, "_add_stats_provider", None)
+        adopt = getattr(dataset, "add_stats_provider", None)
         if adopt is not None:
             adopt(self)  # dataset.stats() then sees the epochs read here and in the workers
 
@@ -446,7 +446,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         process or in DataLoader workers (summed over the workers), or None."""
         found = self._worker_stats.latest()
         last = self._last
-        stats = None if last is None else getattr(last, "_last_stats", None)
+        stats = None if last is None else getattr(last, "epoch_stats", None)
         if stats is not None and (found is None or stats.started_at >= found[0]):
             found = (stats.started_at, stats.snapshot())
         return found
@@ -564,7 +564,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
                                     epoch=epoch, worker=worker, num_workers=num_workers,
                                     local_rank=local_rank, local_world_size=local_world,
                                     connect_timeout=self.connect_timeout)
-        return ds._with_feed(feed)
+        return ds.with_feed(feed)
 
     # -- resume: torchdata StatefulDataLoader / torch.distributed.checkpoint Stateful -----------
     def state_dict(self) -> dict:
@@ -658,7 +658,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         ends (before the DataLoader learns that this worker is done)."""
         iterator = iter(ds)
         self._iterator = iterator if hasattr(iterator, "state_dict") else None
-        stats = getattr(ds, "_last_stats", None)
+        stats = getattr(ds, "epoch_stats", None)
         if stats is None:  # not a streamio Dataset: nothing to publish
             yield from self._generate(iterator, False)
             return

@@ -60,14 +60,14 @@ import secrets
 import sys
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from ..decoders._skips import counting_skips
 from ..errors import FormatError, MapError, MissingDependencyError, UsageError, UsageTypeError
 from ._mainless import MainlessProcess
+from .map_tasks import (BACKENDS, MAX_INFLIGHT_BYTES, TASK_BYTES, TASK_ITEMS, MapBackend,
+                        MapPlace, Outcome, Seeds, Task, apply_fn, cut_tasks, item_rng)
 from .shm_results import (ChildResults, ParentResults, attach, create_segment, dump_results,
                           new_segment_name,
                           release_segment)
@@ -75,162 +75,28 @@ from .shm_results import (ChildResults, ParentResults, attach, create_segment, d
 __all__ = ["MAX_INFLIGHT_BYTES", "MapBackend", "TASK_BYTES", "TASK_ITEMS", "filter_blocks",
            "item_rng", "map_blocks"]
 
-MapBackend = Literal["thread", "process"]
-BACKENDS = ("thread", "process")
-#: Items per task: enough that a task's overhead (a queue hand-off, a pipe message, a segment)
-#: is small next to the work, few enough that the ``2 * k`` tasks in flight stay small.
-TASK_ITEMS = 64
-#: A task is closed once its items hold this many bytes (one 100 KB image record is ~10 a task).
-TASK_BYTES = 1 << 20
-#: No new task starts while those in flight hold this many bytes of input.
-MAX_INFLIGHT_BYTES = 64 << 20
 #: Shared-memory segments of map tasks: ``streamio-map-<pid>-<random>-<child>-<slot>-<random>``.
 SEGMENT_PREFIX = "streamio-map-"
 #: How long a closing pool waits for idle processes to exit before terminating them.
 _EXIT_GRACE_S = 1.0
 
-# The spawn key's second entry tells record keys from batch keys, so they never collide.
-_RECORD_KEY, _ITEM_KEY = 0, 1
-
-
-def item_rng(seed: int, *, epoch: int, record: Optional[int] = None, rank: int = 0,
-             worker: int = 0, position: int = 0) -> np.random.Generator:
-    """The generator ``map(fn, seed=seed)`` passes with one item.
-
-    ``record`` (the record's origin: source position << 40 | index in that source) when the
-    item is a record; otherwise ``(rank, worker, position)``, the item's place in one reader's
-    epoch. The stage's place in the chain is not part of the key (adding a ``prefetch()`` must
-    not change the draws): give two seeded maps two seeds. ``numpy.random.SeedSequence`` mixes
-    the spawn key into the entropy, so neighbouring keys give independent streams.
-    """
-    if record is not None:
-        key: tuple = (int(epoch), _RECORD_KEY, int(record))
-    else:
-        key = (int(epoch), _ITEM_KEY, int(rank), int(worker), int(position))
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=key)))
-
-
-@dataclass(frozen=True)
-class MapPlace:
-    """Where a map stage runs, for seeds and error messages."""
-
-    epoch: int
-    stage: int
-    rank: int
-    worker: int
-    names: dict  # source position -> source name (filled by the reader as sources open)
-    index_bits: int
-    stats: Any  # EpochStats: map time is added to decode_s
-
-
-@dataclass(frozen=True)
-class _Seeds:
-    seed: int
-    epoch: int
-    rank: int
-    worker: int
-
-    def rng(self, record: Optional[int], position: int) -> np.random.Generator:
-        return item_rng(self.seed, epoch=self.epoch, record=record,
-                        rank=self.rank, worker=self.worker, position=position)
-
-
-class _Task:
-    """Consecutive items of one input block. ``records``: their origins, or None (batches)."""
-
-    __slots__ = ("tid", "items", "records", "first", "nbytes")
-
-    def __init__(self, tid: int, items: list, records: Optional[np.ndarray], first: int,
-                 nbytes: int) -> None:
-        self.tid = tid
-        self.items = items
-        self.records = records
-        self.first = first  # position of items[0] in this stage's input this epoch
-        self.nbytes = nbytes
-
-
-def _item_nbytes(item: Any) -> int:
-    if isinstance(item, (bytes, bytearray, memoryview)):
-        return len(item)
-    if isinstance(item, (list, tuple)):
-        return sum(_item_nbytes(x) for x in item)
-    if isinstance(item, dict):
-        return sum(_item_nbytes(v) for v in item.values())
-    nbytes = getattr(item, "nbytes", None)
-    return nbytes if isinstance(nbytes, int) else 0
-
-
-def _tasks(blocks: Iterator[tuple]) -> Iterator[_Task]:
-    """Cut blocks ``(items, ids)`` into tasks of at most TASK_ITEMS items and ~TASK_BYTES."""
-    tid = 0
-    position = 0
-    for items, ids in blocks:
-        start = 0
-        n = len(items)
-        while start < n:
-            stop = start
-            size = 0
-            while stop < n and stop - start < TASK_ITEMS and size < TASK_BYTES:
-                size += _item_nbytes(items[stop])
-                stop += 1
-            records = None if ids is None else ids[start:stop]
-            yield _Task(tid, list(items[start:stop]), records, position + start, size)
-            tid += 1
-            start = stop
-        position += n
-
-
-# -- running fn over one task (in the consumer, a thread or a child process) ---------------------
-def _apply(fn: Callable, items: list, records: Optional[np.ndarray], first: int,
-           seeds: Optional[_Seeds]) -> tuple[list, Optional[tuple[int, BaseException]], dict]:
-    """``fn`` over ``items``: (results, None, skips), or (results before the fault, (its
-    position in the task, the exception), skips); ``skips``: records a decoder called by
-    ``fn`` dropped, ``{field: records}`` (counted in ``stats()``)."""
-    out = []
-    with counting_skips() as skipped:
-        try:
-            if seeds is None:
-                for item in items:
-                    out.append(fn(item))
-            else:
-                for i, item in enumerate(items):
-                    record = None if records is None else int(records[i])
-                    out.append(fn(item, seeds.rng(record, first + i)))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, with the position
-            return out, (len(out), exc), dict(skipped)
-    return out, None, dict(skipped)
-
-
-class _Outcome:
-    """A finished task: its results and, if ``fn`` failed, the failure."""
-
-    __slots__ = ("task", "results", "failure", "busy_s", "skipped")
-
-    def __init__(self, task: _Task, results: list, failure: Optional[tuple[int, BaseException]],
-                 busy_s: float, skipped: dict) -> None:
-        self.task = task
-        self.results = results
-        self.failure = failure
-        self.busy_s = busy_s
-        self.skipped = skipped
-
 
 class _Inline:
     """``num_parallel=None``: each task runs in the consumer's thread when it is submitted."""
 
-    def __init__(self, fn: Callable, seeds: Optional[_Seeds]) -> None:
+    def __init__(self, fn: Callable, seeds: Optional[Seeds]) -> None:
         self.fn = fn
         self.seeds = seeds
         self.done: collections.deque = collections.deque()
         self.max_tasks = 1
 
-    def submit(self, task: _Task) -> None:
+    def submit(self, task: Task) -> None:
         t0 = time.perf_counter()
-        results, failure, skipped = _apply(self.fn, task.items, task.records, task.first,
+        results, failure, skipped = apply_fn(self.fn, task.items, task.records, task.first,
                                            self.seeds)
-        self.done.append(_Outcome(task, results, failure, time.perf_counter() - t0, skipped))
+        self.done.append(Outcome(task, results, failure, time.perf_counter() - t0, skipped))
 
-    def wait(self, ordered: bool) -> _Outcome:
+    def wait(self, ordered: bool) -> Outcome:
         return self.done.popleft()
 
     def close(self) -> None:
@@ -241,23 +107,23 @@ class _Threads:
     """``backend="thread"``: a ``ThreadPoolExecutor`` of ``k`` threads (for functions that
     release the GIL: image decoders, zlib, numpy)."""
 
-    def __init__(self, fn: Callable, k: int, seeds: Optional[_Seeds]) -> None:
+    def __init__(self, fn: Callable, k: int, seeds: Optional[Seeds]) -> None:
         self.fn = fn
         self.seeds = seeds
         self.max_tasks = 2 * k
         self.pool = concurrent.futures.ThreadPoolExecutor(k, thread_name_prefix="streamio-map")
         self.pending: dict = {}  # future -> task, in submission order
 
-    def _run(self, task: _Task) -> _Outcome:
+    def _run(self, task: Task) -> Outcome:
         t0 = time.perf_counter()
-        results, failure, skipped = _apply(self.fn, task.items, task.records, task.first,
+        results, failure, skipped = apply_fn(self.fn, task.items, task.records, task.first,
                                            self.seeds)
-        return _Outcome(task, results, failure, time.perf_counter() - t0, skipped)
+        return Outcome(task, results, failure, time.perf_counter() - t0, skipped)
 
-    def submit(self, task: _Task) -> None:
+    def submit(self, task: Task) -> None:
         self.pending[self.pool.submit(self._run, task)] = task
 
-    def wait(self, ordered: bool) -> _Outcome:
+    def wait(self, ordered: bool) -> Outcome:
         if ordered:
             future = next(iter(self.pending))
         else:
@@ -394,7 +260,7 @@ def _unpack(buf: memoryview, shape: Optional[np.ndarray], lengths: np.ndarray) -
     return items
 
 
-def _child_main(conn: Any, fn_bytes: bytes, seeds: Optional[_Seeds]) -> None:
+def _child_main(conn: Any, fn_bytes: bytes, seeds: Optional[Seeds]) -> None:
     """A map process: tasks in, results out, until told to stop or the parent goes away."""
     fn = pickle.loads(fn_bytes)
     attached: dict = {}  # slot -> its segment, mapped once and kept while the parent reuses it
@@ -407,7 +273,7 @@ def _child_main(conn: Any, fn_bytes: bytes, seeds: Optional[_Seeds]) -> None:
         results_out.close()
 
 
-def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dict,
+def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[Seeds], attached: dict,
                  results_out: ChildResults) -> None:
     while True:
         try:
@@ -426,7 +292,7 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
             # the resource tracker, which the child shares with its parent: a set, so the
             # parent's unlink leaves it clean.)
             items = _unpack(attach(attached, slot, name).buf[:size], shape, lengths)
-            results, failure, skipped = _apply(fn, items, records, first, seeds)
+            results, failure, skipped = apply_fn(fn, items, records, first, seeds)
         except Exception as exc:  # noqa: BLE001 - reported like a failure of fn on item 0
             results, failure, skipped = [], (0, exc), {}
         busy = time.perf_counter() - t0
@@ -452,7 +318,7 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[_Seeds], attached: dic
 class _Processes:
     """``backend="process"``: ``k`` forkserver children, two tasks queued on each at most."""
 
-    def __init__(self, fn: Callable, k: int, seeds: Optional[_Seeds]) -> None:
+    def __init__(self, fn: Callable, k: int, seeds: Optional[Seeds]) -> None:
         if multiprocessing.current_process().daemon:
             raise UsageError("map(backend='process') cannot start processes inside a daemonic"
                              " process (a DataLoader worker is one): use backend='thread' there,"
@@ -471,7 +337,7 @@ class _Processes:
         self.free: list = []  # per child: its free slots
         self.tasks: dict = {}  # tid -> (task, child, slot)
         self.result_names: dict = {}  # tid -> the name its result segment would get
-        self.finished: dict = {}  # tid -> _Outcome, waiting for its turn
+        self.finished: dict = {}  # tid -> Outcome, waiting for its turn
         self.results = ParentResults()
         try:
             for _ in range(k):
@@ -488,7 +354,7 @@ class _Processes:
             self.close()
             raise
 
-    def submit(self, task: _Task) -> None:
+    def submit(self, task: Task) -> None:
         child = min(range(len(self.procs)), key=lambda i: len(self.queued[i]))
         slot = self.free[child].popleft()
         shape, lengths, parts = _pack(task.items)
@@ -564,10 +430,10 @@ class _Processes:
             exc.__cause__ = _RemoteTraceback(text)
             failure = (position, exc)
         # Rebuilt when the consumer takes it (see _take): a result read ahead is not lent yet.
-        self.finished[tid] = (_Outcome(task, [], failure, busy, skipped), child, segment_name,
+        self.finished[tid] = (Outcome(task, [], failure, busy, skipped), child, segment_name,
                               payload, spans)
 
-    def _take(self, tid: int) -> _Outcome:
+    def _take(self, tid: int) -> Outcome:
         outcome, child, segment_name, payload, spans = self.finished.pop(tid)
         try:
             outcome.results = self.results.load(child, segment_name, payload, spans)
@@ -575,7 +441,7 @@ class _Processes:
             outcome.failure = (0, exc)
         return outcome
 
-    def wait(self, ordered: bool) -> _Outcome:
+    def wait(self, ordered: bool) -> Outcome:
         while True:
             if self.finished:
                 if ordered:
@@ -615,7 +481,7 @@ class _Processes:
 
 
 # -- the stages ------------------------------------------------------------------------------------
-def _where(place: MapPlace, task: _Task, position: int) -> dict:
+def _where(place: MapPlace, task: Task, position: int) -> dict:
     """Keyword arguments for MapError: the item's source/record (records) or position."""
     index = task.first + position
     if task.records is not None:
@@ -626,7 +492,7 @@ def _where(place: MapPlace, task: _Task, position: int) -> dict:
     return dict(source=None, record_index=None, item_index=index)
 
 
-def _raise_failure(place: MapPlace, what: str, fn: Callable, task: _Task, position: int,
+def _raise_failure(place: MapPlace, what: str, fn: Callable, task: Task, position: int,
                    exc: BaseException) -> None:
     where = _where(place, task, position)
     if isinstance(exc, FormatError):
@@ -652,10 +518,10 @@ def map_blocks(blocks: Iterator[tuple], fn: Callable, *, num_parallel: Optional[
     ``track_records``: ``ids`` are the items' record origins (items are records), which name a
     failing record and key its seed."""
     seeds = (None if seed is None else
-             _Seeds(seed, place.epoch, place.rank, place.worker))
+             Seeds(seed, place.epoch, place.rank, place.worker))
     if not track_records:
         blocks = ((items, None) for items, _ in blocks)  # batch-level ids are not records
-    tasks = _tasks(blocks)
+    tasks = cut_tasks(blocks)
     pool: Any = None
     try:
         if num_parallel is None:
@@ -676,7 +542,7 @@ def map_blocks(blocks: Iterator[tuple], fn: Callable, *, num_parallel: Optional[
                 close()
 
 
-def _drive(pool: Any, tasks: Iterator[_Task], ordered: bool, place: MapPlace,
+def _drive(pool: Any, tasks: Iterator[Task], ordered: bool, place: MapPlace,
            fn: Callable) -> Iterator[tuple]:
     in_flight = 0
     in_flight_bytes = 0
@@ -733,7 +599,7 @@ def filter_blocks(blocks: Iterator[tuple], predicate: Callable, *, place: MapPla
                         yield ([items[j] for j in keep],
                                None if ids is None else ids[np.asarray(keep, np.int64)])
                     records = ids if track_records else None
-                    task = _Task(-1, items, records, position, 0)
+                    task = Task(-1, items, records, position, 0)
                     _raise_failure(place, "filter predicate", predicate, task, i, exc)
                 if ok:
                     keep.append(i)

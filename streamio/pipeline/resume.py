@@ -34,14 +34,18 @@ What this restores and what it does not:
   rebuilt. The state does not hold records or buffer contents, so it stays a few hundred bytes
   whatever ``buffer_size`` is.
 
-Stages: every built-in stage is deterministic. A stage type added later (``map``) takes part
-if it says how it orders items with a class attribute ``resume_order``: ``"preserve"``
-(deterministic, order-preserving) or ``"reorder"`` (a deterministic function of its input
-sequence and the seeds). A stage without it makes resume raise :class:`~streamio.UsageError`
-rather than resume inexactly. Where the skipped items cannot stay undecoded (a stage after
-``batch()`` that looks at the decoded values: such a stage, or a batch ``shuffle`` with
-``buffer_bytes``, whose order depends on the decoded sizes), fast-forward decodes them too:
-still exact, only slower.
+Stages: resume asks each stage (:class:`streamio.pipeline.stages.Stage`), never its name. A
+stage takes part if it says how it orders items with ``resume_order``: ``"preserve"``
+(deterministic, order-preserving), ``"reorder"`` (a deterministic function of its input
+sequence and the seeds) or ``"batch"``. A stage without one makes resume raise
+:class:`~streamio.UsageError` rather than resume inexactly. Where the skipped items cannot stay
+undecoded (a stage after ``batch()`` whose ``reads_values`` is true: a ``map`` or ``filter``,
+or a batch ``shuffle`` with ``buffer_bytes``, whose order depends on the decoded sizes),
+fast-forward decodes them too: still exact, only slower; so does one whose ``item_flow`` is
+unknown (None). Otherwise the skipped batches are dropped before the decoder (every stage after
+``batch()`` passes items through: ``"same"``) or travel undecoded through the reordering
+(``"reorder"``) and offsetting (``"offset"``, ``leading_skip`` items dropped from the front)
+stages.
 
 A state is input (a checkpoint file, a DataLoader's state dict): every field is checked before it
 is used (:func:`check_fields`: types and ranges; :func:`check_state`: against the pipeline), and a
@@ -60,8 +64,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from .._util import close_iterator as _close
 from ..errors import StreamioWarning, UsageError, UsageTypeError
+from .stages import close_blocks, describe_stage
 
 __all__ = ["STATE_VERSION", "FastForward", "check_fields", "check_state", "describe_chain",
            "plan_fast_forward", "skip_delivered"]
@@ -88,7 +92,7 @@ def _stage_key(stage: Any) -> Optional[dict]:
     fields = getattr(stage, "__dataclass_fields__", None)
     if fields is None:
         return None
-    out = {"type": type(stage).__name__}
+    out = {"type": getattr(stage, "chain_name", None) or type(stage).__name__}
     for name in fields:
         if name in ("seed", "seed_drawn"):
             continue
@@ -218,15 +222,13 @@ def check_state(ds: Any, state: Any) -> dict:
 def _check_stage_seed(stage: Any, seed: Any, position: int) -> None:
     """A stage's seed in a state: None where the stage has none, the stage's own where it was
     given one, any seed where the stage drew its own (the state's is the epoch's)."""
-    from .dataset import _stage_call
-
     own = getattr(stage, "seed", None)
     if (own is None) != (seed is None):
         raise UsageError(f"resume state: 'seeds'[{position}] is {seed!r:.40} but"
-                         f" {_stage_call(stage)} {'has no' if own is None else 'has a'} seed")
+                         f" {describe_stage(stage)} {'has no' if own is None else 'has a'} seed")
     if own is not None and not getattr(stage, "seed_drawn", False) and seed != own:
         raise UsageError(f"resume state: 'seeds'[{position}] is {seed}, but"
-                         f" {_stage_call(stage)} was given seed={own}: the state is another"
+                         f" {describe_stage(stage)} was given seed={own}: the state is another"
                          " pipeline's")
 
 
@@ -245,24 +247,16 @@ def with_seeds(ds: Any, seeds: list) -> Any:
     return ds._derive(_stages=tuple(stages))
 
 
-_BUILTIN_ORDER = {"_Shuffle": "reorder", "_ShuffleBatches": "reorder", "_Batch": "batch",
-                  "_Prefetch": "preserve", "_Skip": "preserve", "_Take": "preserve"}
-
-
 def stage_order(stage: Any) -> Optional[str]:
-    name = type(stage).__name__
-    if name in _BUILTIN_ORDER and type(stage).__module__.endswith("pipeline.dataset"):
-        return _BUILTIN_ORDER[name]
+    """How the stage says a replay goes through it (``Stage.resume_order``)."""
     order = getattr(stage, "resume_order", None)
-    return order if order in ("preserve", "reorder") else None
+    return order if order in ("preserve", "reorder", "batch") else None
 
 
 def check_stages(stages: tuple) -> None:
     for stage in stages:
         if stage_order(stage) is None:
-            from .dataset import _stage_call
-
-            raise UsageError(f"cannot resume mid-epoch through {_stage_call(stage)}: this stage"
+            raise UsageError(f"cannot resume mid-epoch through {describe_stage(stage)}: this stage"
                              " does not say that its output is a deterministic function of its"
                              " input, so a replayed epoch could differ from the original")
 
@@ -296,19 +290,16 @@ def plan_fast_forward(stages: tuple, has_decoder: bool, n: int) -> FastForward:
     if not has_decoder or batch_at is None:
         return FastForward("end", last, n)
     after = stages[batch_at + 1:]
-    names = [type(s).__name__ for s in after]
-    value_free = all(name in _BUILTIN_ORDER
-                     and not (name == "_Shuffle" and s.buffer_bytes is not None)
-                     for name, s in zip(names, after))
-    if not value_free:
-        return FastForward("end", last, n)
-    if not any(name in ("_Shuffle", "_ShuffleBatches", "_Skip", "_Take") for name in names):
+    flows = [s.item_flow for s in after]
+    if any(s.reads_values for s in after) or None in flows:
+        return FastForward("end", last, n)  # the skipped batches are decoded on the way
+    if all(flow == "same" for flow in flows):
         return FastForward("before_decode", batch_at, n)
-    reorders = [batch_at + 1 + i for i, s in enumerate(after) if stage_order(s) == "reorder"]
+    reorders = [batch_at + 1 + i for i, flow in enumerate(flows) if flow == "reorder"]
     at = reorders[-1] if reorders else batch_at
     # Between that point and the consumer only skip/take/prefetch: consumer item j is item
     # j + (the skips' sum) there, whatever the takes cut off later.
-    keep = sum(s.n for s in stages[at + 1:] if type(s).__name__ == "_Skip")
+    keep = sum(s.leading_skip for s in stages[at + 1:])
     return FastForward("lazy", at, n, keep)
 
 
@@ -326,7 +317,7 @@ def skip_delivered(blocks: Iterator[tuple], n: int,
                 seen += len(block[0])
                 yield block
         finally:
-            _close(blocks)
+            close_blocks(blocks)
 
     yield from skip(counted(), n)
     if seen < n:
@@ -350,7 +341,7 @@ def drop_batches(blocks: Iterator[tuple], n: int) -> Iterator[tuple]:
                 remaining = 0
             yield batches, ids
     finally:
-        _close(blocks)
+        close_blocks(blocks)
 
 
 class _Lazy:
@@ -375,7 +366,7 @@ def defer_decode(blocks: Iterator[tuple]) -> Iterator[tuple]:
                 start = stop
             yield out, None
     finally:
-        _close(blocks)
+        close_blocks(blocks)
 
 
 #: Stands for a batch the consumer already has: never decoded, dropped at the chain's end.
@@ -404,4 +395,4 @@ def mark_and_decode(blocks: Iterator[tuple], keep: int, count: int, decode: Any
                 raise
             yield out, None
     finally:
-        _close(blocks)
+        close_blocks(blocks)

@@ -1,0 +1,365 @@
+"""One stream shared by several readers: one process frames it, every reader decodes its share.
+
+A FIFO, a :class:`~streamio.PipeChannel` or stdin can be read by one process only. When
+``DataLoader(ds.to_torch(), num_workers=k)`` reads one, worker 0 starts a **dealer** thread that
+opens the stream, frames it (the usual :class:`~streamio.RecordReader` loop) and cuts the records
+into blocks of at most :data:`BLOCK_RECORDS` records and :data:`BLOCK_BYTES` bytes. Every worker
+(worker 0 too) is a **client**: it connects to the dealer over a Unix socket and asks for a
+block each time it needs one; the dealer answers requests in the order they arrive, from blocks
+it framed ahead. Each block goes
+to exactly one worker, and each worker runs the rest of the pipeline (shuffle, batch, decoder,
+``map``) on its blocks, so decoding runs on ``k`` cores while the stream is read once.
+
+Why pull, not round-robin: a DataLoader asks its workers for items in turn, and a worker that is
+not asked does not read. A dealer that pushed block ``i`` to worker ``i % k`` would wait on a
+worker the DataLoader is not asking while the DataLoader waits for another worker that needs
+that block: a deadlock as soon as workers need different numbers of blocks per batch (a filter,
+a shuffle buffer filling). A dealer that only answers requests never waits on a worker that is
+not waiting for it (which is also why a worker asks only when it is about to read: a block asked
+for ahead may not fit the socket's buffer, and sending it would wait on that worker). The price: which worker gets which block depends on timing, so the order of
+batches (and a shuffle's order) is not reproducible from run to run; ``map(seed=...)`` keys record
+seeds on the record itself, so random transforms are.
+
+Memory: the dealer reads at most :data:`READ_AHEAD` blocks ahead of the requests; each client has
+at most one block in flight; each worker's shuffle buffer holds its own share (a ``shuffle(n)`` costs ``n`` records in *each* worker).
+
+Stats: worker 0's ``stats()`` counts what the dealer read (``bytes``, ``records_read``, ...);
+every worker counts the records and batches it delivered. A ``map(backend="process")`` cannot
+start processes inside a DataLoader worker (daemonic): use threads there, the workers are the
+processes.
+
+Failure: every side ends the epoch with an error, never a hang.
+
+- A worker that dies (its socket closes without saying goodbye): the dealer raises a
+  :class:`~streamio.errors.SourceError` naming the worker, sends it to every other worker, and
+  each raises it (so does the DataLoader, which also reports the dead worker itself).
+- Worker 0 (the dealer) dies or stops early: every other worker's socket closes, and each
+  raises a :class:`~streamio.errors.SourceError` saying the stream's reader stopped.
+- The stream is bad (a ``FormatError``) or fails (a ``SourceError``): every worker gets the
+  records before the fault, then raises the same error.
+- A worker that never connects (it failed to start): the dealer gives up after
+  ``connect_timeout`` seconds with an error to the others.
+
+Several ranks of one host (torchrun's local ranks; SageMaker gives each host one FIFO per
+channel) share one stream the same way: the dealer runs in **local rank 0**'s worker 0 (its main
+process with ``num_workers=0``) and serves ``LOCAL_WORLD_SIZE x max(1, num_workers)`` clients,
+each rank's workers included; every rank derives the dealer's address alike from the stream's
+real path, the epoch and the job, keyed by the user's secret (:func:`stream_address`). Each
+client says who it is (local rank, worker, its rank's worker count, the local world size) when
+it connects; the dealer knows a rank's worker count from its first accepted client and waits
+for every worker of every local rank.
+
+- A rank (or one of its workers) that dies mid-epoch is a socket that closes without a goodbye:
+  every other client, in every rank, raises the dealer's ``SourceError`` naming it. If the dead
+  rank is local rank 0, the dealer dies with it and every other client's socket closes. A
+  DataLoader worker watches its rank's main process (:class:`_ParentWatch`), so a killed rank
+  is seen at once, not when torch's own watchdog notices. Not seen: a rank that dies after the
+  epoch's END reached it (the others finish normally, and torchrun ends the job); and a rank
+  that had not connected when local rank 0 died waits ``connect_timeout``, then says it could
+  not reach the dealer.
+- A rank that starts late is served: blocks go to whoever asks (a late rank may find fewer left;
+  DDP's lockstep keeps ranks within a step of each other), and the epoch's END is held back
+  until every expected client has connected. One that never connects ends the epoch, after
+  ``connect_timeout`` seconds, with a ``SourceError`` on every connected side naming the local
+  ranks and workers that were missing.
+- When the stream ends, the dealer pushes END to every client at once (a tiny message, it never
+  waits on a full socket) instead of waiting for each to ask: a rank whose main process is
+  blocked in a collective (DDP's all-reduce, ``even_batches``) while its workers idle would
+  otherwise never ask, and the dealer's worker, waiting for it, would never finish its own
+  rank's epoch: a deadlock across ranks.
+- Record-level shards of the dataset (a host's share of a replicated stream, ``shard(n, i)`` on
+  a stream) are applied by the dealer, which sends each record's origin with it.
+
+Shares differ between ranks (whoever asks first gets the next block), so under DDP keep
+``to_device(..., even_batches="drop" | "pad")`` (the default is ``"drop"``).
+
+Other local users (a training host is a shared machine; the data loader must not be a way in).
+What streamio promises: a process of another uid cannot read a record of the shared stream,
+inject one, run code in a rank or worker, or learn or take the name of a later epoch's socket;
+what it can do is make an epoch fail with a ``SourceError`` that names it (by squatting the
+private directory below, for example), never make it silently short. How:
+
+- **Nothing received is code.** Errors travel as plain data (class name, message, attributes,
+  rank/worker: JSON), and only streamio's own error classes are rebuilt from them; every header,
+  hello and block is checked against its limits before anything is allocated
+  (:mod:`._wire`, fuzzed by ``tests/fuzz`` target ``shared_wire``).
+- **Credentials on both ends** (``SO_PEERCRED``): the dealer closes a connection from another
+  uid at once (one ``RuntimeWarning`` per uid); a reader that finds a listener of another uid at
+  its address refuses it with a ``SourceError`` naming its pid and uid, and a dealer whose
+  address is held by another uid refuses to serve, saying so.
+- **Names nobody else can compute**: an HMAC of the stream, the epoch and the job, keyed by a
+  secret. One rank's workers use the ``StreamDataset``'s random token (in memory only, inherited
+  by its workers); local ranks, which share nothing else, use the user's key: 32 random bytes in
+  ``~/.cache/streamio/shared-stream.key``, or ``<tempdir>/streamio-<uid>/`` without a home of
+  the user's own (directory 0700, file 0600, made once with
+  ``mkstemp`` + ``link``; a directory or key another user could have made or read is refused).
+  The ``torch.distributed`` store is not used for it: it answers anyone who reaches its port.
+  See :mod:`._local_ipc`.
+- **Protocol breakers are dropped.** A connection that sends garbage, a hello that does not fit
+  (unknown magic, a worker or rank out of range, a layout that disagrees with the readers
+  already connected, a place already taken) or that hangs up before its first block is dropped
+  (a hello that does not fit is told why) and its place stays free for the real reader; the
+  epoch goes on. One that leaves or breaks the protocol after it got records ends the epoch for
+  everyone with a ``SourceError`` naming it: its records cannot be delivered.
+- **An address in use** at bind time: held by another uid, refused at once (above); held by a
+  process of this user, waited for up to 10 s (a DataLoader worker of an earlier iteration of
+  the same epoch number, ``set_epoch()`` replays, still exiting), then a ``SourceError`` naming
+  its pid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+import time
+from typing import Any, Iterator, Optional, Sequence
+
+from ..errors import SourceError, UsageError
+from ..formats import DEFAULT_MAX_RECORD_SIZE
+from ..pipeline import origin_source
+from ..sources import PipeChannel
+from ..sources.schemes import source_key
+from . import _wire as wire
+from ._local_ipc import socket_name, stranger, user_key
+from .dealer import BLOCK_BYTES, BLOCK_RECORDS, POLL_S, READ_AHEAD, Dealer
+
+__all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "DEFAULT_CONNECT_TIMEOUT", "READ_AHEAD",
+           "SharedStreamFeed", "dealer_address", "stream_address"]
+
+#: How long the dealer waits for every worker (of every local rank) to connect, and a worker for
+#: the dealer: workers start one after another (spawned ones import torch), and ranks start
+#: when torchrun gets to them, which can take tens of seconds.
+DEFAULT_CONNECT_TIMEOUT = 120.0
+
+#: Environment variables that tell one torchrun job from another on the same host (two jobs must
+#: not meet at one dealer; a restarted job must not meet a dealer its previous attempt left).
+_JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                  "TORCHELASTIC_RESTART_COUNT")
+
+
+def dealer_address(token: str, epoch: int) -> Any:
+    """Where the dealer of ``epoch`` of one rank's DataLoader workers listens: a name keyed by
+    ``token`` (the ``StreamDataset``'s secret, held by its process and workers only), so that
+    neither this epoch's name nor the next one's can be derived by anyone else
+    (:func:`~streamio.sharing._local_ipc.socket_name`)."""
+    return socket_name(token.encode("ascii"), "workers", f"epoch={epoch}")
+
+
+def _stream_key(source: Any) -> Optional[str]:
+    """What names ``source`` alike in every process of the host, or None (stdin, file objects:
+    each process has its own)."""
+    prefix = getattr(source, "path_prefix", None)
+    if isinstance(source, PipeChannel) and prefix is not None:
+        return "channel:" + os.path.realpath(prefix)
+    if isinstance(source, (str, os.PathLike)):
+        return source_key(source)  # a file's real path, or the URL; None for stdin
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return "bytes:" + hashlib.sha256(bytes(source)).hexdigest()
+    return None
+
+
+def stream_address(sources: Sequence[Any], epoch: int) -> Any:
+    """The dealer address every local rank of one job derives alike for ``sources`` in
+    ``epoch``: the sources' real paths, the epoch, the user and the torchrun job
+    (:data:`_JOB_VARIABLES`, where set), keyed by the user's secret
+    (:func:`~streamio.sharing._local_ipc.user_key`), which no other user can read. Raises
+    ``UsageError`` for a source other processes cannot name (stdin, a file object)."""
+    parts = [f"uid={os.getuid() if hasattr(os, 'getuid') else 0}", f"epoch={epoch}"]
+    for source in sources:
+        key = _stream_key(source)
+        if key is None:
+            raise UsageError(f"{source!r} cannot be shared between the ranks of a host: each"
+                             " process has its own (stdin, a file object); give every rank the"
+                             " FIFO's path or a PipeChannel")
+        parts.append(key)
+    for name in _JOB_VARIABLES:
+        if name in os.environ:
+            parts.append(f"{name}={os.environ[name]}")
+    return socket_name(user_key(), "shared", *parts)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:])
+        except ConnectionError:  # reset: the dealer's process died with our bytes unread
+            return None
+        if k == 0:
+            return None
+        got += k
+    return buf
+
+
+def _connect(address: Any, timeout: float, dealer: str) -> socket.socket:
+    """A socket connected to the dealer, whose process runs as this user (another user's
+    process at the address is refused at once: it took the name, it is not our dealer)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(address)
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if time.monotonic() > deadline:
+                raise SourceError(f"could not reach the DataLoader worker that reads the shared"
+                                  f" stream ({dealer}) within {timeout:g} s: it did not start,"
+                                  " or it already stopped") from None
+            time.sleep(0.01)  # the dealer has not bound its socket yet
+            continue
+        other = stranger(sock)
+        if other is not None:
+            sock.close()
+            raise SourceError(
+                f"refused the process listening at the shared stream's address (pid {other[0]}"
+                f" of uid {other[1]}, another user): it is not {dealer} of this job, and no"
+                " record is read from it")
+        return sock
+
+
+class _ParentWatch:
+    """In a DataLoader worker: closes the client's socket when the worker's parent (its rank's
+    main process) dies, so that the dealer learns at once that this rank is gone. Without it the
+    worker would live on until torch's own watchdog (every 5 s) noticed, holding blocks the dead
+    rank will never deliver, and the other ranks could finish the epoch with records missing."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        import multiprocessing
+        from multiprocessing.connection import wait
+
+        parent = multiprocessing.parent_process()
+        self._stop = threading.Event()
+        if parent is None or parent.sentinel is None:
+            self._thread = None  # a main process: its death closes the socket itself
+            return
+
+        def run() -> None:
+            while not self._stop.is_set():
+                if wait([parent.sentinel], timeout=POLL_S):  # readable: the parent is gone
+                    if not self._stop.is_set():
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)  # no goodbye: a lost reader
+                        except OSError:
+                            pass
+                    return
+
+        self._thread = threading.Thread(target=run, name="streamio-parent-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        # Not joined (it wakes every POLL_S): once stopped it never touches the socket, and a
+        # closed socket object refuses shutdown() rather than reaching a reused descriptor.
+        self._stop.set()
+
+
+class SharedStreamFeed:
+    """The source end of one reader's epoch over a shared stream.
+
+    Called by the pipeline in place of reading the sources (``run`` is the epoch's state); yields
+    ``(records, ids)`` blocks like the readers do, ``ids`` being the records' stream origins.
+    Worker 0 of local rank 0 also runs the dealer. ``token`` names the dealer of a single rank's
+    workers (drawn by the ``StreamDataset``, copied into its workers); ``address`` (from
+    :func:`stream_address`) replaces it when local ranks share the stream.
+    """
+
+    def __init__(self, dataset: Any, *, token: Optional[str] = None, epoch: int, worker: int,
+                 num_workers: int, local_rank: int = 0, local_world_size: int = 1,
+                 address: Any = None,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
+        if (token is None) == (address is None):
+            raise UsageError("SharedStreamFeed needs a token or an address (one of them)")
+        self.dataset = dataset  # the Dataset whose sources the dealer reads
+        self.epoch = epoch
+        self.address = address if address is not None else dealer_address(token, epoch)
+        self.worker = worker
+        self.num_workers = num_workers
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
+        self.connect_timeout = connect_timeout
+        self.dealer_name = ("worker 0" if local_world_size <= 1
+                            else "worker 0 of local rank 0")
+        # The largest block the dealer can send: cut at BLOCK_BYTES, so at most one record of
+        # max_record_size past it, plus the source name and the records' origins and lengths.
+        limit = getattr(dataset, "reader_options", {}).get("max_record_size",
+                                                           DEFAULT_MAX_RECORD_SIZE)
+        self.max_payload = BLOCK_BYTES + int(limit) + 16 * BLOCK_RECORDS + (64 << 10)
+
+    def __call__(self, run: Any) -> Iterator[tuple]:
+        dealer = None
+        if self.worker == 0 and self.local_rank == 0:
+            dealer = Dealer(self.dataset, self.address, self.epoch, self.local_world_size,
+                             run.stats, self.connect_timeout)
+            dealer.start()
+        ended = False
+        sock = None
+        watch = None
+        try:
+            sock = _connect(self.address, self.connect_timeout, self.dealer_name)
+            watch = _ParentWatch(sock)
+            try:
+                sock.sendall(wire.encode_hello(self.local_rank, self.worker, self.num_workers,
+                                               self.local_world_size))
+            except OSError:
+                pass  # the dealer is gone already: the read below says so
+            while True:
+                # Ask only when about to read: a block asked for ahead could be larger than the
+                # socket's buffer, and the dealer would block sending it to a worker that the
+                # DataLoader is not asking for items while it waits on another worker, which
+                # waits on the dealer (a deadlock this once had). The dealer's read-ahead keeps
+                # the answer quick.
+                try:
+                    sock.sendall(wire.WANT)
+                except OSError:
+                    pass  # the dealer is gone (or done and has pushed our END): read says so
+                block = self._receive(sock)
+                if block is None:
+                    ended = True
+                    break
+                name, ids, records = block
+                run.name_source(origin_source(ids[0]), name)
+                yield records, (ids if run.track_ids else None)
+        finally:
+            if watch is not None:
+                watch.stop()
+            if sock is not None:
+                if not ended:
+                    try:
+                        sock.sendall(wire.BYE)
+                    except OSError:
+                        pass
+                sock.close()
+            if dealer is not None:
+                if not ended:
+                    dealer.stop_now.set()  # this reader owns the stream: its early exit ends it
+                dealer.join()
+        if dealer is not None and dealer.failure is not None:
+            # Our own END came, but the epoch failed afterwards for another reader (one that
+            # never connected, or died after we finished): say so here too.
+            raise dealer.failure
+
+    def _receive(self, sock: socket.socket) -> Optional[tuple]:
+        header = _recv_exact(sock, wire.HEADER.size)
+        if header is None:
+            raise SourceError(f"the DataLoader worker that reads the shared stream"
+                              f" ({self.dealer_name}) stopped before the end of the epoch (it"
+                              " died, or its loop ended early)")
+        try:
+            kind, count, size = wire.parse_header(header, BLOCK_RECORDS, self.max_payload)
+        except SourceError as exc:
+            raise SourceError(f"{self.dealer_name}, which reads the shared stream, sent {exc}")
+        payload = _recv_exact(sock, size) if size else bytearray()
+        if payload is None:
+            raise SourceError(f"the DataLoader worker that reads the shared stream"
+                              f" ({self.dealer_name}) stopped in the middle of a block")
+        if kind == wire.END:
+            return None
+        if kind == wire.ERROR:
+            raise wire.parse_error(payload)
+        try:
+            return wire.parse_block(count, payload)
+        except SourceError as exc:
+            raise SourceError(f"{self.dealer_name}, which reads the shared stream, sent {exc}")
