@@ -12,7 +12,7 @@ import pytest
 
 import streamio
 from streamio import Dataset
-from streamio.adapters.shared_stream import SharedStreamFeed
+from streamio.sharing.stream import SharedStreamFeed
 
 pytest.importorskip("torch")
 

@@ -29,8 +29,8 @@ import pytest
 
 import streamio
 from streamio import Dataset
-from streamio.adapters import _local_ipc, _shared_wire as wire
-from streamio.adapters.shared_stream import SharedStreamFeed, dealer_address, stream_address
+from streamio.sharing import _local_ipc, _wire as wire
+from streamio.sharing.stream import SharedStreamFeed, dealer_address, stream_address
 
 from hang_guard import bounded
 

@@ -16,7 +16,7 @@ import pytest
 
 import streamio
 from streamio import Dataset
-from streamio.adapters.shared_stream import SharedStreamFeed, stream_address
+from streamio.sharing.stream import SharedStreamFeed, stream_address
 
 from hang_guard import bounded
 from support.examples import write_id_examples

@@ -130,7 +130,7 @@ def test_plan_shares_one_fifo_between_local_ranks_and_refuses_unsaid_hosts(tmp_p
                                                                            monkeypatch):
     # (Workers and local ranks sharing it for real: tests/adapters/test_shared_fifo.py and
     # tests/adapters/test_shared_stream_multirank.py.)
-    from streamio.adapters.shared_stream import SharedStreamFeed
+    from streamio.sharing.stream import SharedStreamFeed
     for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     path = str(tmp_path / "pipe")

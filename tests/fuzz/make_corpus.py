@@ -377,7 +377,7 @@ def shared_wire_seeds(rng: random.Random) -> List[bytes]:
     """Both directions of the shared stream: hellos, requests and goodbyes; blocks, an END and
     errors as the dealer writes them (one with a pickle where JSON belongs)."""
     import numpy as np
-    from streamio.adapters import _shared_wire as W
+    from streamio.sharing import _wire as W
     from streamio.errors import CorruptRecordError, SourceError
 
     hello = W.encode_hello(1, 0, 2, 2)

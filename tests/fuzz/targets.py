@@ -638,7 +638,7 @@ def encode_shared_wire(stream: bytes, *, to_dealer: bool = False, seed: int = 0)
 
 def _dealer_view(data: bytes, cuts: List[int]) -> tuple:
     """A dealer's events from one client's bytes fed in pieces: (events, refused)."""
-    from streamio.adapters._shared_wire import ClientParser
+    from streamio.sharing._wire import ClientParser
     from streamio.errors import SourceError
 
     parser, events, start = ClientParser(), [], 0
@@ -654,7 +654,7 @@ def _dealer_view(data: bytes, cuts: List[int]) -> tuple:
 def _client_view(data: bytes) -> None:
     """A client reading the dealer's messages: each parses, or is a SourceError; a block that
     parses re-encodes to the same bytes (nothing is guessed), an error is a streamio error."""
-    from streamio.adapters import _shared_wire as wire
+    from streamio.sharing import _wire as wire
     from streamio.errors import SourceError, StreamioError
 
     pos = 0
@@ -800,7 +800,7 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
     Target("resample", ("resample",), run_resample, ("streamio.decoders._resample",)),
     Target("parse_index", (), run_parse_index, ("streamio.formats.index_file",)),
     # No kernel: a parser of bytes another process writes (always instrumented for coverage).
-    Target("shared_wire", (), run_shared_wire, ("streamio.adapters._shared_wire",)),
+    Target("shared_wire", (), run_shared_wire, ("streamio.sharing._wire",)),
     # No kernel: a checkpoint's resume state (JSON a restarted job reads back).
     Target("resume_state", (), run_resume_state, ("streamio.pipeline.resume",)),
 ]}

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from streamio import Dataset
-from streamio.adapters.shared_stream import SharedStreamFeed
+from streamio.sharing.stream import SharedStreamFeed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 from support.examples import id_example, write_id_examples  # noqa: E402
@@ -84,7 +84,7 @@ def main(workdir, hostile_python):
     for name in ("inject.txt", "plant"):
         os.chmod(os.path.join(pub, name), 0o644)
     prefix, solo = os.path.join(workdir, "train"), os.path.join(workdir, "solo")
-    from streamio.adapters import _local_ipc
+    from streamio.sharing import _local_ipc
     key = os.path.join(_local_ipc.private_dir(), _local_ipc.KEY_NAME)
     procs = []
     try:
