@@ -31,7 +31,7 @@ from typing import Callable, List
 
 import numpy as np
 
-from streamio.decoders._wire import encode_varint, len_field
+from streamio.decoders.wire import encode_varint, len_field
 
 
 def _entry(key: bytes, value: bytes) -> bytes:

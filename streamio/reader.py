@@ -24,7 +24,7 @@ from .errors import DecodeError, FormatError, SourceError, UsageError, UsageType
 from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_tfrecord,
                       make_framer)
 from .formats.recordio import MULTIPART_CHOICES
-from .formats._base import check_common
+from .formats import check_common
 from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
                       source_name)
 from .sources.base import check_timeout

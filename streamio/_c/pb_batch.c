@@ -384,10 +384,10 @@ int kind_at(PyObject *kinds, Py_ssize_t j, uint32_t allowed, const char *allowed
     return 0;
 }
 
-/* Raise streamio.decoders._wire.WireError(message, index, field); index -1 is None. */
+/* Raise streamio.decoders.wire.WireError(message, index, field); index -1 is None. */
 static void raise_wire_error(const char *message, Py_ssize_t index, PyObject *field)
 {
-    PyObject *mod = PyImport_ImportModule("streamio.decoders._wire");
+    PyObject *mod = PyImport_ImportModule("streamio.decoders.wire");
     if (mod == NULL)
         return;
     PyObject *cls = PyObject_GetAttrString(mod, "WireError");

@@ -6,7 +6,7 @@
 #include "speedups.h"
 
 /* ---------------------------------------------------------------------------------------------
- * Protobuf wire reading (the same rules as streamio/decoders/_wire.py, error texts included)
+ * Protobuf wire reading (the same rules as streamio/decoders/wire.py, error texts included)
  *
  * Protobuf wire format: a message is fields ``tag = field << 3 | wire_type`` (a varint) followed
  * by the value: 0 varint, 1 eight bytes, 2 varint length + bytes, 5 four bytes, 3/4 group

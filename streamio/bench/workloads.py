@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..decoders._wire import len_field
+from ..decoders.wire import len_field
 from .config import (ADAPTER_PARTS, BenchConfig, CSV_FEATURES, EXAMPLE_FLOATS, LARGE_RECORD_SIZE,
                      RECORDIO_FEATURES, SEED)
 

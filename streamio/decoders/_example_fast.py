@@ -11,7 +11,7 @@ import numpy as np
 from ._example_parse import (_check_kind, _feature_kind, _list_spans, _map_entries, _top_level,
                              parse_examples)
 from ._example_spec import KIND_BYTES, KIND_FLOAT, KIND_INT64
-from ._wire import WireError, decode_packed_varints
+from .wire import WireError, decode_packed_varints
 
 
 # --- the vectorised path: a batch of records that share one layout -------------------------------

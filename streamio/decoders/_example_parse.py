@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._example_spec import _KIND_NAMES, KIND_FLOAT, KIND_INT64
-from ._wire import WireError, _skip_value, decode_packed_varints, read_len, read_varint
+from .wire import WireError, _skip_value, decode_packed_varints, read_len, read_varint
 
 
 # --- the reference wire parsers --------------------------------------------------------------

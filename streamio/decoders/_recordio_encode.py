@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import UsageError, UsageTypeError
 from ._recordio_parse import KIND_BYTES, KIND_FLOAT32, KIND_FLOAT64, KIND_INT32
-from ._wire import encode_packed_varints, encode_varint
+from .wire import encode_packed_varints, encode_varint
 from .sparse import SparseBatch
 
 # --- writing ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from ._example_fast import _MIN_GROUP, SkeletonLayout, _merge, span_values, vect
 from ._recordio_parse import (_KIND_DTYPES, KIND_BYTES, KIND_FLOAT32, KIND_FLOAT64, KIND_INT32,
                               SECTION_FEATURES, SECTION_LABEL, _Name, _record_values, _Spans,
                               _tensor_spans, _value_kind, parse_recordio_protobuf)
-from ._wire import WireError
+from .wire import WireError
 
 # --- the vectorised path: records that share one layout -------------------------------------
 

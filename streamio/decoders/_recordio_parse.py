@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._example_parse import _read_tag, map_entry
-from ._wire import WireError, _skip_value, decode_packed_varints, read_len, read_varint
+from .wire import WireError, _skip_value, decode_packed_varints, read_len, read_varint
 
 
 SECTION_FEATURES = 1

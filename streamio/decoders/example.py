@@ -46,7 +46,7 @@ from ._example_fast import (SkeletonLayout, parse_examples_fast, span_values,  #
 from ._example_parse import map_entry, parse_examples, parse_sequence_examples  # noqa: F401
 from ._example_spec import (_DTYPES, _INT32_RANGE, DEFAULT_PAD_VALUE, KIND_BYTES,  # noqa: F401
                             KIND_FLOAT, KIND_INT64, FixedLen, VarLen)
-from ._wire import WireError, encode_packed_varints, len_field
+from .wire import WireError, encode_packed_varints, len_field
 from .sparse import SparseBatch
 from .spec import FieldSpec
 

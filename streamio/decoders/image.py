@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import DecodeError, StreamioWarning, UsageError, UsageTypeError, require
 from . import _resample
-from ._skips import note_skip
+from .skips import note_skip
 from .spec import FieldSpec
 
 __all__ = ["Image", "ImageRecord", "RandomResizedCrop", "encode_image_record"]

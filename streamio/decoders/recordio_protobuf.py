@@ -42,7 +42,7 @@ from ._recordio_parse import (_KIND_DTYPES, _KIND_NAMES, _SECTION_NAMES, KIND_BY
                               KIND_FLOAT32, KIND_FLOAT64, KIND_INT32, LABEL_PREFIX,
                               SECTION_FEATURES, SECTION_LABEL, _field_name, _Name,
                               parse_recordio_protobuf)
-from ._wire import WireError
+from .wire import WireError
 from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec

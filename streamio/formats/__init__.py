@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ._base import DEFAULT_MAX_RECORD_SIZE, ON_ERROR_CHOICES
+from ._base import DEFAULT_MAX_RECORD_SIZE, ON_ERROR_CHOICES, check_common
 from .recordio import MULTIPART_CHOICES, RecordIOFramer, encode_recordio
 from .sagemaker_wrapping import ManifestGroupFramer
 from .text import TextRowFramer
@@ -96,6 +96,6 @@ def make_framer(format: str, *, source: str, verify: bool = True, on_error: str 
 
 __all__ = [
     "DEFAULT_MAX_RECORD_SIZE", "FORMATS", "ON_ERROR_CHOICES", "RecordIOFramer", "TFRecordFramer",
-    "TextRowFramer", "encode_recordio", "encode_tfrecord", "make_framer", "masked_crc32c",
+    "TextRowFramer", "check_common", "encode_recordio", "encode_tfrecord", "make_framer", "masked_crc32c",
     "register_format",
 ]

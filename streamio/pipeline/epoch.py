@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ..decoders._skips import counting_skips
+from ..decoders.skips import counting_skips
 from ..errors import DecodeError, FormatError
 from ..reader import RecordReader
 from ..sources import source_name

@@ -81,7 +81,7 @@ class EpochStats:
                     break
 
     def note_decoder_skips(self, skipped: dict) -> None:
-        """Records a decoder dropped (``{field: records}``, see ``decoders._skips``)."""
+        """Records a decoder dropped (``{field: records}``, see ``decoders.skips``)."""
         if skipped:
             with self._lock:
                 self.decoder_skipped.update(skipped)

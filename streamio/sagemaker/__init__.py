@@ -49,7 +49,7 @@ import numpy as np
 
 from ..decoders import Csv, RecordIOProtobuf
 from ..errors import DecodeError, UsageError, UsageTypeError
-from ..formats._base import DEFAULT_MAX_RECORD_SIZE
+from ..formats import DEFAULT_MAX_RECORD_SIZE
 from ..formats.whole_object import WholeObjectFramer  # format "object", registered there
 from ..pipeline import Dataset
 from ..sources import PipeChannel

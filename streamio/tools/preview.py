@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..decoders._wire import WireError, read_len, read_varint, skip_field
+from ..decoders.wire import WireError, read_len, read_varint, skip_field
 
 __all__ = ["preview"]
 

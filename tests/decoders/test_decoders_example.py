@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import streamio
 from streamio.decoders import Example, FieldSpec, FixedLen, SequenceExample, VarLen
-from streamio.decoders._wire import WireError, encode_packed_varints, encode_varint
+from streamio.decoders.wire import WireError, encode_packed_varints, encode_varint
 from streamio.decoders.example import parse_examples, parse_examples_fast
 from streamio.errors import DecodeError, FormatError
 

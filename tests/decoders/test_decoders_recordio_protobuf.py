@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import streamio
 from streamio.decoders import FieldSpec, FixedLen, RecordIOProtobuf, SparseBatch, VarLen
-from streamio.decoders._wire import WireError
+from streamio.decoders.wire import WireError
 from streamio.decoders.recordio_protobuf import (encode_recordio_protobuf, parse_recordio_protobuf,
                                                  parse_recordio_protobuf_fast)
 from streamio.errors import DecodeError
@@ -257,7 +257,7 @@ def test_sparse_row_in_a_dense_feature_is_named():
 
 
 def test_sparse_key_outside_shape_is_named():
-    from streamio.decoders._wire import encode_packed_varints
+    from streamio.decoders.wire import encode_packed_varints
 
     good = encode_recordio_protobuf(SparseBatch([0, 1], [2], np.ones(1, np.float32), (1, 3)))[0]
     bad = good.replace(encode_packed_varints(np.array([2])) + b"\x1a\x01\x03",

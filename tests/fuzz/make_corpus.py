@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import targets as T  # noqa: E402
 
-from streamio.decoders._wire import len_field as _ld  # noqa: E402  (a length-delimited field)
+from streamio.decoders.wire import len_field as _ld  # noqa: E402  (a length-delimited field)
 
 ROOT = Path(__file__).resolve().parents[2]
 # ../shared/peer-fixtures beside the checkout (/work/main), or two levels up (a worktree)

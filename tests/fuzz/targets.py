@@ -208,7 +208,7 @@ def _normalize(value: Any) -> tuple:
 
 def outcome(fn: Callable[..., Any], *args: Any) -> tuple:
     """What a caller sees: the arrays (bit for bit) or the WireError's message, index, field."""
-    from streamio.decoders._wire import WireError
+    from streamio.decoders.wire import WireError
 
     try:
         result = fn(*args)
@@ -781,13 +781,13 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
            ("streamio.formats.recordio",)),
     Target("parse_examples", ("parse_examples",), run_parse_examples,
            ("streamio.decoders.example", "streamio.decoders._example_parse",
-            "streamio.decoders._wire")),
+            "streamio.decoders.wire")),
     Target("parse_sequence_examples", ("parse_sequence_examples",), run_parse_sequence_examples,
            ("streamio.decoders.example", "streamio.decoders._example_parse",
-            "streamio.decoders._wire")),
+            "streamio.decoders.wire")),
     Target("parse_recordio_protobuf", ("parse_recordio_protobuf",), run_parse_recordio_protobuf,
            ("streamio.decoders.recordio_protobuf", "streamio.decoders._recordio_parse",
-            "streamio.decoders._wire")),
+            "streamio.decoders.wire")),
     Target("parse_csv_floats", ("parse_csv_floats",), run_parse_csv_floats, ()),
     Target("shuffle_exchange", ("shuffle_exchange",), run_shuffle_exchange,
            ("streamio.pipeline.shuffle",)),

@@ -1,10 +1,10 @@
 """Protocol buffer bytes by hand, for tests that need what no encoder would write (any uint64,
 wrong wire types, entries without values). Built on the package's own varint writer
-(streamio.decoders._wire), so the encoding is written once."""
+(streamio.decoders.wire), so the encoding is written once."""
 
 from __future__ import annotations
 
-from streamio.decoders._wire import encode_varint, len_field
+from streamio.decoders.wire import encode_varint, len_field
 
 MASK64 = (1 << 64) - 1
 
