@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 import torch.multiprocessing  # noqa: E402,F401,F811 - registers torch's tensor reducers
 
-from streamio.adapters import torch as adapter  # noqa: E402
+from streamio.adapters import _torch_transport as adapter  # noqa: E402
 
 from conftest import SCRIPTS  # noqa: E402
 

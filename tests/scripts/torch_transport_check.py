@@ -8,6 +8,7 @@ usage: torch_transport_check.py WORKDIR
 """
 
 import json
+import os
 import sys
 import warnings
 
@@ -17,7 +18,8 @@ from torch.utils.data import DataLoader
 
 from streamio.decoders import Example, FixedLen
 from streamio.pipeline import Dataset
-from torch_loader_check import write_files  # the same files (this folder is sys.path[0])
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from support.examples import write_id_parts  # noqa: E402  (the {id, x} files of the other checks)
 
 DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32")})
 SIZES = [90, 70, 40]
@@ -82,7 +84,7 @@ def same_rows(got, expected):
 
 
 def main(workdir):
-    paths = write_files(workdir, SIZES)
+    paths = write_id_parts(workdir, SIZES)
     report = {}
     for case, fn, collate in (("small", narrow, None), ("wide", widen, None),
                               ("collate", narrow, check_collate)):
