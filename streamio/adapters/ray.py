@@ -50,7 +50,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 
-from .._util import batch_rows as _rows
+from .._util import batch_rows as _rows, check_int
 from ..decoders.example import encode_example
 from ..decoders.sparse import SparseBatch
 from ..errors import UsageError, UsageTypeError, require
@@ -245,10 +245,8 @@ class Datasource(ray.data.Datasource):
             sources = [_portable(s) for s in sources]
         else:
             sources = _portable(sources)
-        if rows_per_block is not None and (isinstance(rows_per_block, bool) or
-                                           not isinstance(rows_per_block, int) or
-                                           rows_per_block < 1):
-            raise UsageError(f"rows_per_block must be an int >= 1, not {rows_per_block!r}")
+        if rows_per_block is not None:
+            rows_per_block = check_int("rows_per_block", rows_per_block, 1)
         self._dataset = Dataset(sources, format, decoder=decoder, **dataset_options)
         self._rows_per_block = rows_per_block
         self._streams = any(is_single_stream(s) for s in self._dataset.sources)
@@ -350,10 +348,8 @@ class Datasink(ray.data.Datasink):
         if index and compression is not None:
             raise UsageError("index=True needs uncompressed shards (a compressed shard cannot be"
                              " read from an offset)")
-        if records_per_shard is not None and (isinstance(records_per_shard, bool) or
-                                              not isinstance(records_per_shard, int) or
-                                              records_per_shard < 1):
-            raise UsageError(f"records_per_shard must be an int >= 1, not {records_per_shard!r}")
+        if records_per_shard is not None:
+            records_per_shard = check_int("records_per_shard", records_per_shard, 1)
         if encode not in (None, "example"):
             raise UsageError(f"encode must be None or 'example', not {encode!r}")
         self.path_prefix = os.path.abspath(os.fspath(path_prefix))
