@@ -281,3 +281,26 @@ def test_a_mid_epoch_state_of_a_shared_stream_is_refused(tmp_path, fifo):
     job2.load_state_dict(state)
     with pytest.raises(UsageError, match="shared by several readers"):
         list(job2)
+
+
+def test_s3_objects_resume_elastically(monkeypatch):
+    """S3 (moto's server on 127.0.0.1): one object split by byte range among 3 shards, resumed
+    on 2, and three objects (whole-object shards) on 4 resumed on 1."""
+    from support.s3 import moto_endpoint, s3_client
+
+    with moto_endpoint() as endpoint:
+        client = s3_client(endpoint, monkeypatch, "elastic")
+        blob = b"".join(streamio.formats.encode_tfrecord(r)
+                        for k in range(N_FILES) for r in _records(k))
+        client.put_object(Bucket="elastic", Key="all.tfrecord", Body=blob)
+        for k in range(N_FILES):
+            client.put_object(Bucket="elastic", Key=f"part-{k}.tfrecord",
+                              Body=b"".join(streamio.formats.encode_tfrecord(r)
+                                            for r in _records(k)))
+        layouts = [(["s3://elastic/all.tfrecord"], 3, 2),
+                   ([f"s3://elastic/part-{k}.tfrecord" for k in range(N_FILES)], 4, 1)]
+        for paths, n, m in layouts:
+            make = lambda: _make(paths, "shuffle-batch-prefetch", 8, 64)  # noqa: E731
+            before, states = _interrupt(make, n, [2, 5, 1, 3][:n])
+            assert before
+            assert sorted(before + _finish(make, m, states)) == ALL_IDS
