@@ -19,8 +19,9 @@ operations, never per-record Python:
   and ``name_indices`` (column indices);
 - bytes and strings: binary / string columns; without a decoder, one binary column ``record``.
 
-Blocks grow to Ray's ``DataContext.target_max_block_size`` (or ``rows_per_block``): decoded
-batches are gathered and joined once per block. Errors are streamio's (``FormatError`` with
+Blocks grow to the Dataset's ``context.target_max_block_size`` (:func:`read` lowers it to
+:data:`READ_BLOCK_BYTES` on the Dataset it returns, so that consuming overlaps reading) or
+``rows_per_block``: decoded batches are gathered and joined once per block. Errors are streamio's (``FormatError`` with
 source, offset and record; ``SourceError``), raised inside the task; Ray re-raises them in the
 driver as an exception that is also an instance of the streamio class.
 
@@ -83,6 +84,12 @@ MAX_BLOCK_ROWS = 65536
 #: CPU). Ray's own default asks for 200 tasks, which cut 10 files of 35 MB into 200 ranges of
 #: 1.8 MB: task start-up then costs more than the reading.
 TASK_BYTES = 512 << 20
+#: The Ray Dataset :func:`read` returns targets blocks of at most this many bytes (its
+#: ``context.target_max_block_size``, where Ray's is larger). With Ray's default (128 MiB) each
+#: read task merged its blocks into ~1M-row ones (a 140 MB concatenation) before the consumer
+#: saw the first: no overlap between reading and consuming. Set ``ds.context.
+#: target_max_block_size`` on the returned Dataset for larger blocks downstream.
+READ_BLOCK_BYTES = 8 << 20
 _SUFFIX = {"tfrecord": ".tfrecord", "recordio": ".rec"}
 _COMPRESSED_SUFFIX = {None: "", "gzip": ".gz", "zlib": ".zz", "zstd": ".zst"}
 
@@ -326,7 +333,13 @@ def read(sources: Any, format: str, *, decoder: Any = None, parallelism: int = -
     kwargs: dict = {}
     if ray_remote_args:
         kwargs["ray_remote_args"] = ray_remote_args
-    return ray.data.read_datasource(source, override_num_blocks=parallelism, **kwargs)
+    ds = ray.data.read_datasource(source, override_num_blocks=parallelism, **kwargs)
+    # This Dataset's own context (a copy Ray made for it): the read tasks cut their blocks to
+    # it, and Ray's read operator passes blocks of about that size through unmerged.
+    target = ds.context.target_max_block_size
+    if target is None or target > READ_BLOCK_BYTES:
+        ds.context.target_max_block_size = READ_BLOCK_BYTES
+    return ds
 
 
 # -- the Datasink -------------------------------------------------------------------------------
