@@ -22,6 +22,7 @@ from ..errors import UsageError, UsageTypeError
 from ..reader import RecordReader, check_keywords, expand_sources
 from ..sources import check_source, source_name
 from . import parallel
+from . import elastic as _elastic
 from . import resume as _resume
 from .epoch import EpochRun
 from .iterator import EpochIterator
@@ -127,6 +128,7 @@ class Dataset:
         self._reader_options = dict(reader_options)
         self._selection: tuple = tuple(range(len(sources)))
         self._round_robin: tuple = ()  # (num_shards, index) layers over each source's records
+        self._shard_layers: tuple = ()  # every shard(num_shards, index) call, in order
         self._stages: tuple = ()
         self._context = PipelineContext()
         self._feed: Any = None  # reads the records instead of the sources (a shared stream)
@@ -386,9 +388,18 @@ class Dataset:
             raise UsageError(f"shard index must be in [0, {num_shards}), not {index}")
         if num_shards == 1:
             return self._derive()
+        layers = self._shard_layers + ((num_shards, index),)
         if len(self._selection) >= num_shards:
-            return self._derive(_selection=self._selection[index::num_shards])
-        return self._derive(_round_robin=self._round_robin + ((num_shards, index),))
+            return self._derive(_selection=self._selection[index::num_shards],
+                                _shard_layers=layers)
+        return self._derive(_round_robin=self._round_robin + ((num_shards, index),),
+                            _shard_layers=layers)
+
+    def _unsharded(self) -> "Dataset":
+        """This Dataset before its :meth:`shard` calls (the same stages and context): what an
+        elastic resume rebuilds the old shards from."""
+        return self._derive(_selection=tuple(range(len(self._all_sources))), _round_robin=(),
+                            _shard_layers=())
 
     def with_context(self, *, epoch: Optional[int] = None, rank: int = 0, world_size: int = 1,
                      worker: int = 0, num_workers: int = 1) -> "Dataset":
@@ -478,13 +489,25 @@ class Dataset:
         return it
 
     # -- resuming (see streamio.pipeline.resume) -------------------------------------------------
-    def iter_from(self, state: dict) -> "EpochIterator":
+    def iter_from(self, state: Any) -> "EpochIterator":
         """Resume an epoch from ``EpochIterator.state_dict()``: the items not yet delivered
         when the state was taken, in the order the uninterrupted epoch would have delivered
         them (same epoch number, same seeds). The earlier ones are read and framed again but not
         decoded. A state whose epoch had finished gives an empty iterator. Later ``iter()``
-        calls continue with the next epoch. See :mod:`streamio.pipeline.resume`."""
+        calls continue with the next epoch. See :mod:`streamio.pipeline.resume`.
+
+        ``state`` may also be a **list**: the states of every shard of a sharded run
+        (``shard(n, i)`` for each ``i``, or every rank x worker of ``to_torch``). On the same
+        layout this shard resumes from its own state; on another (this Dataset is
+        ``shard(m, j)`` of the same pipeline, or unsharded) it gets its share of everything
+        the old shards had not delivered: the ``m`` shards together deliver each remaining
+        record exactly once. See :mod:`streamio.pipeline.elastic`."""
+        if isinstance(state, (list, tuple)):
+            return _elastic.iter_from_states(self, list(state))
+        if isinstance(state, dict) and "elastic" in state:
+            return _elastic.resume_elastic_state(self, state)
         _resume.check_state(self, state)
+        _refuse_shared_replay(self, state)
         plan = _resume.with_seeds(self, state["seeds"])
         epoch = state["epoch"]
         if self._context.epoch is None:
@@ -497,8 +520,35 @@ class Dataset:
             it._ended = True
         return it
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: Any) -> None:
         """Make the next ``iter()`` resume from ``state`` (the same as :meth:`iter_from`,
-        for code that must call ``iter()`` itself). Checked now."""
+        for code that must call ``iter()`` itself; a list of every shard's states too).
+        Checked now (a list: each state's fields now, the rest when the epoch starts)."""
+        if isinstance(state, (list, tuple)):
+            if not state:
+                raise UsageError("resume states: the list is empty (give every shard's state)")
+            for k, one in enumerate(state):
+                try:
+                    _resume.check_fields(one)
+                except UsageError as exc:
+                    raise UsageError(f"resume states[{k}]: {exc}") from None
+            self._pending_state = [dict(one) for one in state]
+            return
         _resume.check_state(self, state)
         self._pending_state = dict(state)
+
+
+def _refuse_shared_replay(ds: Any, state: dict) -> None:
+    """A stream shared by several readers deals its blocks to whichever asks first: a replay
+    would hand each reader other records than the interrupted epoch did, and skipping its count
+    of them would lose some and repeat others. Refused rather than resumed inexactly."""
+    if ds._feed is None or getattr(ds._feed, "replayable", False):
+        return
+    if state["delivered"] and not state["finished"]:
+        raise UsageError(
+            "cannot resume mid-epoch on a stream shared by several readers (DataLoader workers"
+            " or local ranks reading one FIFO/PipeChannel): its blocks go to whichever reader"
+            " asks first, which a state does not record, so a replay would lose and repeat"
+            " records. Resume from a state taken at an epoch boundary"
+            " (EpochIterator.state_after(n, next_epoch=True)), or read the stream with one"
+            " reader (num_workers=0 on one rank)")

@@ -38,7 +38,7 @@ from ..sources import source_name
 from . import parallel
 from . import resume as _resume
 from .ranges import plan_range
-from .stages import close_blocks, skip_items
+from .stages import close_blocks
 from .stats import EpochStats
 
 __all__ = ["INDEX_BITS", "INDEX_MASK", "EpochRun", "origin_index", "origin_source",
@@ -128,9 +128,11 @@ class EpochRun:
         for position, stage in enumerate(self.ds._stages):
             blocks = stage.apply(blocks, self, position)
             if ff is not None and ff.mode == "lazy" and ff.position == position:
-                blocks = _resume.mark_and_decode(blocks, ff.keep, ff.count, self.decode)
-        if ff is not None and ff.mode in ("end", "lazy"):
-            blocks = _resume.skip_delivered(blocks, ff.count, skip_items)  # the consumer has them
+                blocks = _resume.mark_and_decode(blocks, ff, self.decode)
+        if ff is not None and ff.mode == "end":
+            blocks = _resume.select_items(blocks, ff)  # the consumer has the others
+        elif ff is not None and ff.mode == "lazy":
+            blocks = _resume.drop_skipped(blocks, ff)
         return blocks
 
     def decode_stage(self, blocks: Iterator[tuple], together: bool) -> Iterator[tuple]:
@@ -138,8 +140,7 @@ class EpochRun:
         decoding here (see :func:`streamio.pipeline.resume.plan_fast_forward`)."""
         ff = self.fast_forward
         if ff is not None and ff.mode == "before_decode":
-            blocks = _resume.skip_delivered(blocks, ff.count,  # never decoded
-                                            _resume.drop_batches)
+            blocks = _resume.select_batches(blocks, ff)  # the others are never decoded
         if ff is not None and ff.mode == "lazy":
             return _resume.defer_decode(blocks)
         return self.decode_blocks(blocks, together)

@@ -32,7 +32,8 @@ class EpochIterator:
         self._handed = 0
         self._block_len = 0
         self._ended = False
-        self._origin: Optional[tuple] = None  # (Dataset, epoch, items skipped by a resume)
+        # (Dataset, epoch, items skipped by a resume[, the elastic resume it continues])
+        self._origin: Optional[tuple] = None
 
     def __iter__(self) -> "EpochIterator":
         return self
@@ -107,10 +108,11 @@ class EpochIterator:
     def _state(self, items: int, ended: bool, *, next_epoch: bool) -> dict:
         if self._origin is None:
             raise UsageError("this iterator was not made by a Dataset: it has no resume state")
-        ds, epoch, skipped = self._origin
+        ds, epoch, skipped, *elastic = self._origin
         if next_epoch:
             return _resume.make_state(ds, epoch + 1, 0, False)
-        return _resume.make_state(ds, epoch, skipped + items, ended)
+        return _resume.make_state(ds, epoch, skipped + items, ended,
+                                  elastic=elastic[0] if elastic else None)
 
     def __del__(self) -> None:
         try:

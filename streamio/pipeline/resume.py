@@ -62,17 +62,24 @@ import hashlib
 import json
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
+
+import numpy as np
 
 from ..errors import StreamioWarning, UsageError, UsageTypeError
 from .stages import close_blocks, describe_stage
 
-__all__ = ["STATE_VERSION", "FastForward", "check_fields", "check_state", "describe_chain",
-           "plan_fast_forward", "skip_delivered"]
+__all__ = ["STATE_VERSION", "Deal", "FastForward", "Selection", "SkipFirst", "check_fields",
+           "check_state", "describe_chain", "plan_fast_forward", "select_batches", "select_items"]
 
 STATE_VERSION = 1
 _KEY = "streamio_resume"
-_FIELDS = (_KEY, "epoch", "delivered", "finished", "seeds", "chain", "check")
+_FIELDS = (_KEY, "epoch", "delivered", "finished", "seeds", "chain", "check", "shards", "place",
+           "elastic")
+#: An elastic state holds the states it resumed from; bounds on what a state may hold.
+_MAX_NESTING = 4
+_MAX_SHARDS = 65536
+_MAX_LAYERS = 16
 #: Epochs and item counts beyond this are not a real run's (and would overflow int64 counters).
 _MAX_COUNT = 2 ** 63 - 1
 
@@ -139,13 +146,69 @@ def _seeds_check(chain: str, seeds: list) -> str:
     return hashlib.sha256(json.dumps([chain, seeds]).encode()).hexdigest()[:32]
 
 
-def make_state(ds: Any, epoch: int, delivered: int, finished: bool) -> dict:
+def make_state(ds: Any, epoch: int, delivered: int, finished: bool,
+               elastic: Optional[dict] = None) -> dict:
+    """The state of ``ds``'s epoch ``epoch`` once ``delivered`` items went out. ``shards`` and
+    ``place`` say where the reader sat in a sharded run (what an elastic resume rebuilds it
+    from); ``elastic``, in an epoch resumed on another layout: the states it resumed from and
+    this shard's ``deal`` (see :mod:`streamio.pipeline.elastic`)."""
     check_stages(ds._stages)  # a state that could not be resumed is refused when taken
     seeds = stage_seeds(ds._stages)
     chain = describe_chain(ds)
-    return {_KEY: STATE_VERSION, "epoch": int(epoch), "delivered": int(delivered),
-            "finished": bool(finished), "seeds": seeds, "chain": chain,
-            "check": _seeds_check(chain, seeds)}
+    ctx = ds._context
+    state = {_KEY: STATE_VERSION, "epoch": int(epoch), "delivered": int(delivered),
+             "finished": bool(finished), "seeds": seeds, "chain": chain,
+             "check": _seeds_check(chain, seeds),
+             "shards": [list(layer) for layer in ds._shard_layers],
+             "place": [ctx.rank, ctx.world_size, ctx.worker, ctx.num_workers]}
+    if elastic is not None:
+        state["elastic"] = elastic
+    return state
+
+
+def _int_list(value: Any, length: Optional[int] = None) -> bool:
+    return isinstance(value, list) and (length is None or len(value) == length) and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _MAX_COUNT for v in value)
+
+
+def _check_layout(state: dict) -> None:
+    """``shards`` and ``place`` (optional: states from before elastic resume lack them)."""
+    if "shards" in state:
+        shards = state["shards"]
+        if not (isinstance(shards, list) and len(shards) <= _MAX_LAYERS and all(
+                _int_list(layer, 2) and 2 <= layer[0] <= _MAX_SHARDS and layer[1] < layer[0]
+                for layer in shards)):
+            raise UsageError(f"resume state: 'shards' must be a list of at most {_MAX_LAYERS}"
+                             f" [num_shards, index] pairs (2 <= num_shards <= {_MAX_SHARDS},"
+                             f" index < num_shards), not {shards!r:.80}")
+    if "place" in state:
+        place = state["place"]
+        if not (_int_list(place, 4) and place[0] < place[1] <= _MAX_SHARDS
+                and place[2] < place[3] <= _MAX_SHARDS):
+            raise UsageError("resume state: 'place' must be [rank, world_size, worker,"
+                             f" num_workers] with rank < world_size and worker < num_workers,"
+                             f" not {place!r:.80}")
+
+
+def _check_elastic(state: dict, depth: int) -> None:
+    if "elastic" not in state:
+        return
+    elastic = state["elastic"]
+    if not isinstance(elastic, dict) or sorted(elastic) != ["deal", "from"]:
+        raise UsageError("resume state: 'elastic' must be {\"from\": [states], \"deal\": [m, j]},"
+                         f" not {elastic!r:.80}")
+    deal = elastic["deal"]
+    if not (_int_list(deal, 2) and 1 <= deal[0] <= _MAX_SHARDS and deal[1] < deal[0]):
+        raise UsageError(f"resume state: 'elastic' 'deal' must be [num_shards, index] with"
+                         f" index < num_shards, not {deal!r:.80}")
+    old = elastic["from"]
+    if not isinstance(old, list) or not 1 <= len(old) <= _MAX_SHARDS:
+        raise UsageError(f"resume state: 'elastic' 'from' must be a list of 1 to {_MAX_SHARDS}"
+                         " resume states")
+    if depth >= _MAX_NESTING:
+        raise UsageError(f"resume state: elastic resumes nested more than {_MAX_NESTING} deep")
+    for inner in old:
+        check_fields(inner, _depth=depth + 1)
 
 
 def _count(state: dict, key: str) -> int:
@@ -156,7 +219,7 @@ def _count(state: dict, key: str) -> int:
     return value
 
 
-def check_fields(state: Any) -> dict:
+def check_fields(state: Any, _depth: int = 0) -> dict:
     """``state``'s fields checked on their own (types and ranges), before anything uses them:
     a :class:`~streamio.UsageError` names the field that is wrong."""
     if not isinstance(state, dict):
@@ -188,6 +251,8 @@ def check_fields(state: Any) -> dict:
                 and all(c in "0123456789abcdef" for c in value)):
             raise UsageError(f"resume state: {key!r} must be a digest of 32 hex digits, not"
                              f" {value!r:.80}")
+    _check_layout(state)
+    _check_elastic(state, _depth)
     return state
 
 
@@ -205,6 +270,13 @@ def check_state(ds: Any, state: Any) -> dict:
                          f" {len(ds._stages)} stage(s), the state {len(seeds)}")
     for position, (stage, seed) in enumerate(zip(ds._stages, seeds)):
         _check_stage_seed(stage, seed, position)
+    for key, mine in (("shards", [list(layer) for layer in ds._shard_layers]),
+                      ("place", [ds._context.rank, ds._context.world_size, ds._context.worker,
+                                 ds._context.num_workers])):
+        if key in state and state[key] != mine:
+            raise UsageError(f"resume state: {key!r} is {state[key]}, this Dataset's is {mine}:"
+                             " the state is another shard's (give the list of every shard's"
+                             " states to resume on another layout)")
     chain = describe_chain(with_seeds(ds, seeds))
     if state["chain"] != chain:
         raise UsageError("resume state: 'chain' says it was taken from a different pipeline"
@@ -262,86 +334,157 @@ def check_stages(stages: tuple) -> None:
 
 
 # -- the fast-forward plan ------------------------------------------------------------------------
+class SkipFirst:
+    """Of the items that reach it, drop the first ``n`` (the ones the consumer already has)."""
+
+    __slots__ = ("n", "seen")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.seen = 0
+
+    def keep(self, count: int) -> slice:
+        start = min(count, max(0, self.n - self.seen))
+        self.seen += count
+        return slice(start, None)
+
+
+class Deal:
+    """Of the items that reach it (numbered ``k`` from 0 over an old shard's remainder), keep
+    those with ``(k + offset) % m == j``: new shard ``j`` of ``m``'s share (elastic resume)."""
+
+    __slots__ = ("m", "j", "offset", "seen")
+
+    def __init__(self, m: int, j: int, offset: int) -> None:
+        self.m, self.j, self.offset = m, j, offset
+        self.seen = 0
+
+    def keep(self, count: int) -> Any:
+        first = (self.j - self.offset - self.seen) % self.m
+        self.seen += count
+        return slice(first, None, self.m)
+
+
+class Selection:
+    """Which items of an epoch a resumed run delivers, by their position at the point where the
+    fast-forward applies: the filters in turn, each over the items the ones before it kept. A
+    plain resume is ``[SkipFirst(delivered)]``; an elastic one adds :class:`Deal` and more
+    :class:`SkipFirst` filters, some shared by several runs (:mod:`streamio.pipeline.elastic`)."""
+
+    __slots__ = ("filters",)
+
+    def __init__(self, filters: list) -> None:
+        self.filters = filters
+
+    def pick(self, count: int) -> Any:
+        """The positions to keep of the next ``count`` items: a slice, or an int array."""
+        if len(self.filters) == 1:
+            return self.filters[0].keep(count)
+        index = np.arange(count)
+        for f in self.filters:
+            index = index[f.keep(len(index))]
+        return index
+
+
+def _take(items: list, ids: Any, chosen: Any) -> tuple:
+    if isinstance(chosen, slice):
+        return items[chosen], (None if ids is None else ids[chosen])
+    return [items[i] for i in chosen], (None if ids is None else ids[chosen])
+
+
 @dataclass(frozen=True)
 class FastForward:
-    """How an epoch skips the ``count`` items its consumer already has.
+    """How a resumed epoch skips the items its consumer already has.
 
+    ``count``: the items the consumer has (the state's ``delivered``); ``selection``: which
+    items the run delivers (:class:`Selection`; None: all but the first ``count``).
     ``mode``:
-    - ``"end"``: drop them at the end of the chain; used without a decoder, or when the skipped
+    - ``"end"``: select at the end of the chain; used without a decoder, or when the skipped
       batches must be decoded anyway (a stage after ``batch()`` looks at decoded values);
-    - ``"before_decode"``: drop the first ``count`` batches between ``batch()`` and the
-      decoder, so they are never decoded (only stages that keep order and count follow);
+    - ``"before_decode"``: select batches between ``batch()`` and the decoder, so the others
+      are never decoded (only stages that keep order and count follow);
     - ``"lazy"``: batches leave the decode stage undecoded (:class:`_Lazy`) and travel through
-      the batch shuffles; right after stage ``position`` the ones the consumer already has
-      (``keep`` onwards, ``count`` of them: a later ``skip()`` hides the first ``keep``) become
-      placeholders and the others are decoded; the placeholders are dropped at the end.
+      the batch shuffles; right after stage ``position`` the items from ``keep`` on (a later
+      ``skip()`` hides the first ``keep``) that the run does not deliver become placeholders
+      and the others are decoded; the placeholders are dropped at the end.
     """
 
     mode: str
     position: int
     count: int
     keep: int = 0
+    selection: Optional[Selection] = None
+
+    def chosen(self) -> Selection:
+        return self.selection if self.selection is not None else Selection([SkipFirst(self.count)])
 
 
-def plan_fast_forward(stages: tuple, has_decoder: bool, n: int) -> FastForward:
+def plan_fast_forward(stages: tuple, has_decoder: bool, n: int,
+                      selection: Optional[Selection] = None) -> FastForward:
     check_stages(stages)
     last = len(stages) - 1
     batch_at = next((i for i, s in enumerate(stages) if stage_order(s) == "batch"), None)
     if not has_decoder or batch_at is None:
-        return FastForward("end", last, n)
+        return FastForward("end", last, n, 0, selection)
     after = stages[batch_at + 1:]
     flows = [s.item_flow for s in after]
     if any(s.reads_values for s in after) or None in flows:
-        return FastForward("end", last, n)  # the skipped batches are decoded on the way
+        return FastForward("end", last, n, 0, selection)  # skipped batches decoded on the way
     if all(flow == "same" for flow in flows):
-        return FastForward("before_decode", batch_at, n)
+        return FastForward("before_decode", batch_at, n, 0, selection)
     reorders = [batch_at + 1 + i for i, flow in enumerate(flows) if flow == "reorder"]
     at = reorders[-1] if reorders else batch_at
     # Between that point and the consumer only skip/take/prefetch: consumer item j is item
     # j + (the skips' sum) there, whatever the takes cut off later.
     keep = sum(s.leading_skip for s in stages[at + 1:])
-    return FastForward("lazy", at, n, keep)
+    return FastForward("lazy", at, n, keep, selection)
 
 
-def skip_delivered(blocks: Iterator[tuple], n: int,
-                   skip: Callable[[Iterator[tuple], int], Iterator[tuple]]) -> Iterator[tuple]:
-    """``skip(blocks, n)`` (drop the ``n`` items the consumer already has), and a
-    :class:`~streamio.UsageError` if the epoch ends before ``n`` items went by: a state whose
-    ``delivered`` is beyond this epoch."""
+def _beyond(n: int, seen: int) -> UsageError:
+    return UsageError(f"resume state: 'delivered' is {n}, but the epoch holds only {seen}"
+                      " items: the state is not this pipeline's (or its data changed)")
+
+
+def select_items(blocks: Iterator[tuple], ff: FastForward) -> Iterator[tuple]:
+    """The items the resumed run delivers (``ff``'s selection, at the end of the chain), and a
+    :class:`~streamio.UsageError` if the epoch ends before ``ff.count`` items went by: a state
+    whose ``delivered`` is beyond this epoch."""
+    selection = ff.chosen()
     seen = 0
-
-    def counted() -> Iterator[tuple]:
-        nonlocal seen
-        try:
-            for block in blocks:
-                seen += len(block[0])
-                yield block
-        finally:
-            close_blocks(blocks)
-
-    yield from skip(counted(), n)
-    if seen < n:
-        raise UsageError(f"resume state: 'delivered' is {n}, but the epoch holds only {seen}"
-                         " items: the state is not this pipeline's (or its data changed)")
-
-
-def drop_batches(blocks: Iterator[tuple], n: int) -> Iterator[tuple]:
-    """Drop the first ``n`` batches of ``(batches, ids)`` blocks before they are decoded
-    (``ids`` runs over the records of all the block's batches)."""
-    remaining = n
     try:
-        for batches, ids in blocks:
-            if remaining:
-                if len(batches) <= remaining:
-                    remaining -= len(batches)
-                    continue
-                if ids is not None:
-                    ids = ids[sum(len(b) for b in batches[:remaining]):]
-                batches = batches[remaining:]
-                remaining = 0
-            yield batches, ids
+        for items, ids in blocks:
+            seen += len(items)
+            items, ids = _take(items, ids, selection.pick(len(items)))
+            if items:
+                yield items, ids
     finally:
         close_blocks(blocks)
+    if seen < ff.count:
+        raise _beyond(ff.count, seen)
+
+
+def select_batches(blocks: Iterator[tuple], ff: FastForward) -> Iterator[tuple]:
+    """:func:`select_items` over ``(batches, ids)`` blocks before they are decoded (``ids`` runs
+    over the records of all the block's batches): the others are never decoded."""
+    selection = ff.chosen()
+    seen = 0
+    try:
+        for batches, ids in blocks:
+            seen += len(batches)
+            chosen = selection.pick(len(batches))
+            kept, _ = _take(batches, None, chosen)
+            if ids is not None and len(kept) != len(batches):
+                ends = np.cumsum([len(b) for b in batches])
+                starts = ends - np.asarray([len(b) for b in batches])
+                picked = range(len(batches))[chosen] if isinstance(chosen, slice) else chosen
+                parts = [ids[starts[i]:ends[i]] for i in picked]
+                ids = np.concatenate(parts) if parts else ids[:0]
+            if kept:
+                yield kept, ids
+    finally:
+        close_blocks(blocks)
+    if seen < ff.count:
+        raise _beyond(ff.count, seen)
 
 
 class _Lazy:
@@ -373,22 +516,26 @@ def defer_decode(blocks: Iterator[tuple]) -> Iterator[tuple]:
 SKIPPED = object()
 
 
-def mark_and_decode(blocks: Iterator[tuple], keep: int, count: int, decode: Any
-                    ) -> Iterator[tuple]:
-    """Items ``keep`` to ``keep + count`` become :data:`SKIPPED`; the others are decoded with
-    ``decode(records, ids)``. A batch that fails is raised after the ones before it."""
+def mark_and_decode(blocks: Iterator[tuple], ff: FastForward, decode: Any) -> Iterator[tuple]:
+    """Items from ``ff.keep`` on that the selection does not deliver become :data:`SKIPPED`;
+    the others are decoded with ``decode(records, ids)``. A batch that fails is raised after the
+    ones before it."""
+    selection = ff.chosen()
     index = 0
-    start, stop = keep, keep + count
     try:
         for items, _ in blocks:
+            lead = min(len(items), max(0, ff.keep - index))
+            index += len(items)
+            chosen = selection.pick(len(items) - lead)
+            wanted = set(range(len(items) - lead)[chosen]) if isinstance(chosen, slice) \
+                else set(chosen.tolist())
             out = []
             try:
-                for lazy in items:
-                    if start <= index < stop:
-                        out.append(SKIPPED)
-                    else:
+                for k, lazy in enumerate(items):
+                    if k < lead or k - lead in wanted:
                         out.append(decode(lazy.records, lazy.ids))
-                    index += 1
+                    else:
+                        out.append(SKIPPED)
             except BaseException:
                 if out:
                     yield out, None
@@ -396,3 +543,19 @@ def mark_and_decode(blocks: Iterator[tuple], keep: int, count: int, decode: Any
             yield out, None
     finally:
         close_blocks(blocks)
+
+
+def drop_skipped(blocks: Iterator[tuple], ff: FastForward) -> Iterator[tuple]:
+    """The end of a ``"lazy"`` fast-forward: the placeholders go; the epoch must have held
+    ``ff.count`` items."""
+    seen = 0
+    try:
+        for items, ids in blocks:
+            seen += len(items)
+            kept = [item for item in items if item is not SKIPPED]
+            if kept:
+                yield kept, (ids if len(kept) == len(items) else None)
+    finally:
+        close_blocks(blocks)
+    if seen < ff.count:
+        raise _beyond(ff.count, seen)

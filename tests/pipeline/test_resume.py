@@ -267,7 +267,7 @@ def test_a_state_from_another_pipeline_is_refused(sources):
     other = streamio.Dataset(sources["file"], "tfrecord", decoder=_decoder()).shuffle(64, seed=1)
     with pytest.raises(UsageError, match="different pipeline"):
         other.batch(9).prefetch(3).iter_from(state)
-    with pytest.raises(UsageError, match="different pipeline"):
+    with pytest.raises(UsageError, match="another shard's"):
         ds.shard(2, 1).iter_from(state)
     with pytest.raises(UsageError, match="not a streamio resume state"):
         ds.iter_from({"epoch": 0})

@@ -1,0 +1,252 @@
+"""Elastic resume: finishing an interrupted epoch on a different number of shards.
+
+A sharded run (``ds.shard(n, i)`` for ``i < n``, or ``to_torch`` over ranks x DataLoader
+workers) checkpoints one state per shard. :meth:`Dataset.iter_from` given the **list** of those
+states, on a Dataset sharded differently (``ds.shard(m, j)``; ``m == 1``: unsharded), gives shard
+``j`` its share of everything the old shards had not delivered; the ``m`` new shards together
+deliver each remaining record exactly once, and with the old deliveries every record of the
+epoch exactly once. With the same layout (``m == n``) shard ``j`` resumes from its own state, as
+:meth:`~Dataset.iter_from` always did: identical to the uninterrupted epoch.
+
+How the new shards learn what the old ones delivered: the states stay small (a count, the
+seeds, where the shard sat: ``shards`` and ``place``), so each new shard **replays** every old
+shard's epoch exactly as a same-layout resume does (same plan, rebuilt from the unsharded
+Dataset and the state's ``shards`` and ``place``, checked against the state's chain digest;
+same seeds, so the same shuffle and batch order), skips the ``delivered`` items, and keeps item
+``k`` of old shard ``i``'s remainder when ``(k + i) % m == j``: the records that sat in
+shuffle buffers, prefetch queues and half-built batches come out in the remainder where the
+uninterrupted epoch had them. The remainder's items are what the old pipeline makes (batches of
+the old batching, through the same stages); the epochs after it run on the new layout.
+
+Cost: every new shard reads and frames the whole epoch of every old shard (``m`` times the
+epoch's bytes over all new shards), but decodes only its own share of the remainder where the
+pipeline allows skipping undecoded (the same rule as a same-layout resume: see
+:func:`streamio.pipeline.resume.plan_fast_forward`); after ``batch()``, a ``map``/``filter`` or a
+byte-bounded batch shuffle makes the replay decode every remaining item. Measured:
+``streamio bench --workloads elastic``.
+
+An epoch resumed this way has its own state (``EpochIterator.state_dict()``): the old states
+under ``elastic`` with this shard's ``deal``, and a count. It resumes again on the same layout,
+or elastically on yet another (nested up to :data:`~streamio.pipeline.resume._MAX_NESTING`
+deep); its size is the old states' sizes plus ~200 bytes.
+
+Not elastic: sources that can be read only once (a FIFO, a ``PipeChannel``, stdin, a file
+object: each new shard would have to read every old shard's stream), and a stream shared by
+several readers (to_torch over one stream: blocks go to whichever reader asks first, which a
+state does not record). Both raise :class:`~streamio.UsageError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from ..errors import UsageError
+from . import resume as _resume
+from .resume import Deal, Selection, SkipFirst
+from .stages import close_blocks
+from .stats import EpochStats
+
+__all__ = ["iter_from_states", "resume_elastic_state"]
+
+
+def _layers(state: dict, where: str) -> list:
+    if "shards" not in state or "place" not in state:
+        raise UsageError(f"resume state {where}: it has no 'shards'/'place' (taken by a streamio"
+                         " before elastic resume): it resumes only on the layout it was taken on")
+    return [tuple(layer) for layer in state["shards"]]
+
+
+def _layout(states: list, where: str) -> tuple:
+    """``(universe, ordered states)``: the shard layers all the states share (what the old run
+    split) and the states in the order of their shard index. The states must be every shard of
+    one split, once each."""
+    layers = [_layers(s, f"{where}[{k}]") for k, s in enumerate(states)]
+    if len(states) == 1:
+        return layers[0], states
+    n = len(states)
+    prefix = layers[0][:-1]
+    lasts = []
+    for k, layer in enumerate(layers):
+        if not layer or layer[:-1] != prefix or layer[-1][0] != n:
+            raise UsageError(
+                f"resume states {where}: {n} states must be the {n} shards of one split (each"
+                f" taken by shard(i, {n}) of the same Dataset); state {k} was taken by"
+                f" shard layers {layer}")
+        lasts.append(layer[-1][1])
+    if sorted(lasts) != list(range(n)):
+        missing = sorted(set(range(n)) - set(lasts))
+        raise UsageError(f"resume states {where}: every shard's state is needed once: shard(s)"
+                         f" {missing} missing, the list holds shards {sorted(lasts)}")
+    order = sorted(range(n), key=lambda k: lasts[k])
+    return prefix, [states[k] for k in order]
+
+
+def _deal(universe: list, layers: list) -> Optional[tuple]:
+    """``(m, j)``: which share of ``universe`` a Dataset with shard ``layers`` reads, or None
+    when it does not read a share of it."""
+    if layers == universe:
+        return 1, 0
+    if layers[:-1] == universe and layers:
+        return layers[-1]
+    return None
+
+
+def _check_rereadable(ds: Any) -> None:
+    from ..adapters import is_single_stream
+
+    if ds._feed is not None:
+        raise UsageError("an elastic resume cannot replay a stream shared by several readers"
+                         " (blocks went to whichever reader asked first, and a state does not"
+                         " record which): resume on the layout the states were taken on")
+    for source in ds._all_sources:
+        if is_single_stream(source):
+            from ..sources import source_name
+
+            raise UsageError(f"an elastic resume reads every old shard's epoch again, and"
+                             f" {source_name(source)} can be read only once: resume on the layout"
+                             " the states were taken on")
+
+
+def _old_plan(ds: Any, state: dict, where: str) -> Any:
+    """The Dataset the old shard ran, rebuilt from ``ds`` and the state, and checked against it
+    (the state's chain digest)."""
+    rank, world, worker, workers = state["place"]
+    plan = ds._unsharded().with_context(epoch=state["epoch"], rank=rank, world_size=world,
+                                        worker=worker, num_workers=workers)
+    for n, i in state["shards"]:
+        plan = plan.shard(n, i)
+    plan = _resume.with_seeds(plan, state["seeds"])
+    try:
+        _resume.check_state(plan, state)
+    except UsageError as exc:
+        raise UsageError(f"resume state {where}: {exc}") from None
+    return plan
+
+
+def _remainder(ds: Any, state: dict, where: str) -> list:
+    """``[(plan, filters)]``: the runs that replay what ``state``'s shard had not delivered
+    (several for a state that was itself an elastic resume), each with the filters that pick
+    its items: a fresh ``SkipFirst(delivered)`` first."""
+    if state["finished"]:
+        return []
+    elastic = state.get("elastic")
+    if elastic is None:
+        return [(_old_plan(ds, state, where), [SkipFirst(state["delivered"])])]
+    universe, old = _layout(elastic["from"], f"{where}.elastic.from")
+    if _deal(universe, _layers(state, where)) != tuple(elastic["deal"]):
+        raise UsageError(f"resume state {where}: its 'elastic' 'deal' {elastic['deal']} does not"
+                         f" fit its shards {state['shards']}")
+    m, j = elastic["deal"]
+    skip = SkipFirst(state["delivered"])  # shared by its runs: counted over its whole stream
+    runs = []
+    for s, inner in enumerate(old):
+        deal = Deal(m, j, s)  # counted over old shard s's remainder
+        for plan, filters in _remainder(ds, inner, f"{where}.elastic.from[{s}]"):
+            runs.append((plan, filters + [deal, skip]))
+    return runs
+
+
+def _epoch_of(states: list, where: str) -> int:
+    epochs = sorted({s["epoch"] for s in states})
+    if len(epochs) != 1:
+        raise UsageError(f"resume states {where}: the shards' states are from different epochs"
+                         f" {epochs[:4]}: give the states of one checkpoint")
+    return epochs[0]
+
+
+def iter_from_states(ds: Any, states: list) -> Any:
+    """:meth:`Dataset.iter_from` with a list of states: the same-layout resume where ``ds`` is
+    one of the old shards, else an elastic one."""
+    if not states:
+        raise UsageError("resume states: the list is empty (give every shard's state)")
+    for k, state in enumerate(states):
+        try:
+            _resume.check_fields(state)
+        except UsageError as exc:
+            raise UsageError(f"resume states[{k}]: {exc}") from None
+    epoch = _epoch_of(states, "")
+    own = [s for s in states if s.get("shards") == [list(x) for x in ds._shard_layers]
+           and s.get("place") == _place(ds)]
+    layers_known = all("shards" in s for s in states)
+    if not layers_known and len(states) == 1:
+        return ds.iter_from(states[0])  # a state from before elastic resume: same layout only
+    universe, old = _layout(states, "")
+    if len(own) == 1 and len(old) == _share_count(universe, ds):
+        return ds.iter_from(own[0])  # the same layout: this shard's own state, exactly
+    deal = _deal(universe, list(ds._shard_layers))
+    if deal is None:
+        raise UsageError(f"resume states: they split the Dataset with shard layers {universe}"
+                         f" and this one is sharded {list(ds._shard_layers)}: an elastic resume"
+                         " needs the same Dataset with only the last shard() changed")
+    _check_rereadable(ds)
+    pinned = ds._context.epoch
+    if pinned is not None and pinned != epoch:
+        raise UsageError(f"resume state: 'epoch' is {epoch}, but this Dataset is pinned to epoch"
+                         f" {pinned} (with_context)")
+    elastic = {"from": old, "deal": list(deal)}
+    return _start(ds, epoch, elastic, 0)
+
+
+def _share_count(universe: list, ds: Any) -> int:
+    deal = _deal(universe, list(ds._shard_layers))
+    return 0 if deal is None else deal[0]
+
+
+def _place(ds: Any) -> list:
+    ctx = ds._context
+    return [ctx.rank, ctx.world_size, ctx.worker, ctx.num_workers]
+
+
+def resume_elastic_state(ds: Any, state: dict) -> Any:
+    """:meth:`Dataset.iter_from` with the state of an epoch that was itself resumed
+    elastically, on the layout it was taken on."""
+    _resume.check_state(ds, state)
+    _check_rereadable(ds)
+    universe, _ = _layout(state["elastic"]["from"], ".elastic.from")
+    if _deal(universe, list(ds._shard_layers)) != tuple(state["elastic"]["deal"]):
+        raise UsageError(f"resume state: its 'elastic' 'deal' {state['elastic']['deal']} is not"
+                         f" this Dataset's share (shards {list(ds._shard_layers)})")
+    it = _start(ds, state["epoch"], state["elastic"], state["delivered"])
+    if state["finished"]:
+        it.close()
+        it._ended = True
+    return it
+
+
+def _start(ds: Any, epoch: int, elastic: dict, delivered: int) -> Any:
+    """The resumed epoch: the old shards' remainders, this shard's deal of them, from the
+    ``delivered``-th item on."""
+    from .iterator import EpochIterator
+
+    carrier = {"finished": False, "delivered": delivered, "elastic": elastic,
+               "shards": [list(x) for x in ds._shard_layers], "place": _place(ds)}
+    runs = _remainder(ds, carrier, "")
+    stats = EpochStats(epoch)
+    ds._last_stats = stats
+    if ds._context.epoch is None:
+        ds._epochs_started = epoch + 1
+    it = EpochIterator(_chain(runs, epoch, stats, delivered), stats, batched=ds._batched())
+    it._origin = (ds, epoch, delivered, elastic)
+    return it
+
+
+def _chain(runs: list, epoch: int, stats: EpochStats, delivered: int) -> Iterator[tuple]:
+    """The runs one after another, each opened when the one before has ended."""
+    from .epoch import EpochRun
+
+    last_skip = None
+    for plan, filters in runs:
+        run = EpochRun(plan, epoch, stats)
+        skip = _resume.plan_fast_forward(plan._stages, plan._decoder is not None,
+                                         filters[0].n, Selection(filters))
+        run.fast_forward = skip
+        last_skip = filters[-1]
+        blocks = run.build()
+        try:
+            yield from blocks
+        finally:
+            close_blocks(blocks)
+    if last_skip is not None and last_skip.seen < delivered:
+        raise UsageError(f"resume state: 'delivered' is {delivered}, but this shard's share of"
+                         f" the epoch holds only {last_skip.seen} items: the state is not this"
+                         " pipeline's (or its data changed)")
