@@ -90,10 +90,18 @@ def _results(workdir, case: str, phase: str, nranks: int) -> list:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
+    """The old job has run; ``resume(phase, nranks)`` runs a resumed job once."""
     root = tmp_path_factory.mktemp("elastic-torch")
     expected = _write_cases(root)
     _job(root, "old", 2)
-    return root, expected
+    done = set()
+
+    def resume(phase: str, nranks: int) -> None:
+        if phase not in done:
+            done.add(phase)
+            _job(root, phase, nranks)
+
+    return root, expected, resume
 
 
 def _assert_exactly_once(runs: list, expected: set, what: str) -> None:
@@ -107,8 +115,8 @@ def _assert_exactly_once(runs: list, expected: set, what: str) -> None:
 @pytest.mark.parametrize("phase, nranks", [("same", 2), ("new", 3)],
                          ids=["2x2-to-2x2", "2x2-to-3x1"])
 def test_every_record_once_over_the_interrupted_and_the_resumed_job(jobs, phase, nranks):
-    root, expected = jobs
-    _job(root, phase, nranks)
+    root, expected, resume = jobs
+    resume(phase, nranks)
     for case in ("files", "range", "gzip"):
         old = _results(root, case, "old", 2)
         new = _results(root, case, phase, nranks)
@@ -137,3 +145,16 @@ def test_one_process_two_workers_resumed_on_three_workers_and_on_none(tmp_path):
         rest, next_epoch = result[workers]
         _assert_exactly_once([result["before"], rest], everything, f"{workers} workers, epoch 0")
         _assert_exactly_once([next_epoch], everything, f"{workers} workers, epoch 1")
+
+
+def test_a_checkpoint_saving_every_rank_under_one_key_fails_loudly(jobs):
+    """``torch.distributed.checkpoint`` keeps one copy of a key that every rank saves (it takes
+    them for replicas): ``dcp.save({"loader": loader.state_dict()})`` gives every rank rank 0's
+    state back. Rank 1 resuming from it must fail, not read rank 0's share again."""
+    root, _, resume = jobs
+    resume("same", 2)
+    for case in ("files", "range", "gzip"):
+        ranks = _results(root, case, "same", 2)
+        assert ranks[0]["naive"] == {"own": True, "error": None}
+        assert ranks[1]["naive"]["own"] is False
+        assert "another shard's" in ranks[1]["naive"]["error"], (case, ranks[1]["naive"])

@@ -38,6 +38,7 @@ CASES = ("files", "range", "gzip")
 TAKE = {"files": (3, 7), "range": (6, 1), "gzip": (2, 5)}  # batches each old rank takes
 GATHER = {"files": "all_gather", "range": "per_rank_json", "gzip": "dcp"}
 DCP_KEY = "streamio_loader_rank{}"  # one key per rank: DCP keeps one copy of a key all ranks save
+NAIVE_KEY = "loader"  # the same key on every rank: what DCP keeps is rank 0's
 
 
 def pipeline(workdir, case):
@@ -90,6 +91,7 @@ def old_rank(workdir, case, rank, world):
         write(os.path.join(workdir, case, "gathered.json"), gathered)
     dcp.save({DCP_KEY.format(rank): json.dumps(state)},
              checkpoint_id=os.path.join(workdir, case, "dcp"))
+    dcp.save({NAIVE_KEY: json.dumps(state)}, checkpoint_id=os.path.join(workdir, case, "naive"))
     del it  # the job ends here: the workers are stopped mid-epoch
     return {"epochs": [ids], "state": state}
 
@@ -122,11 +124,33 @@ def resumed_rank(workdir, case, rank, phase):
             state = json.load(f)["state"]
         loader = loader_of(tds, 2)
         loader.load_state_dict(state)
+        naive = naive_checkpoint(workdir, case, state)
     else:
         states = gathered_states(workdir, case)
         tds.load_state_dict(states)
         loader = loader_of(tds, 1)
-    return {"epochs": [epoch_ids(loader), epoch_ids(loader)], "gathered": GATHER[case]}
+    result = {"epochs": [epoch_ids(loader), epoch_ids(loader)], "gathered": GATHER[case]}
+    if phase == "same":
+        result["naive"] = naive
+    return result
+
+
+def naive_checkpoint(workdir, case, own):
+    """``dcp.save({"loader": state})`` on every rank: does this rank get its own state back,
+    and what does resuming from what it got do?"""
+    import torch.distributed.checkpoint as dcp
+
+    got = {NAIVE_KEY: ""}
+    dcp.load(got, checkpoint_id=os.path.join(workdir, case, "naive"))
+    state = json.loads(got[NAIVE_KEY])
+    loader = loader_of(pipeline(workdir, case).to_torch(), 2)
+    loader.load_state_dict(state)
+    try:
+        next(iter(loader))
+        error = None
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        error = f"{type(exc).__name__}: {exc}"
+    return {"own": state == own, "error": error}
 
 
 def rank_main(workdir, phase):
