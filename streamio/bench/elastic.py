@@ -64,8 +64,9 @@ def _marks(paths: list, shards: int) -> list:
 
 
 def _checkpoint(paths: list, shards: int, marks: list, depth: float) -> tuple:
-    """Each shard's state after ``depth`` of its batches, and the uninterrupted remainder."""
-    states, rest = [], []
+    """Each shard's state after ``depth`` of its batches, the uninterrupted remainder (the
+    slowest shard's seconds) and the batches left."""
+    states, rest, left = [], [], 0
     for i in range(shards):
         batches = len(marks[i]) - 1
         cut = min(max(batches - 1, 0), round(depth * batches))
@@ -75,23 +76,27 @@ def _checkpoint(paths: list, shards: int, marks: list, depth: float) -> tuple:
         states.append(it.state_dict())
         it.close()
         rest.append(marks[i][-1] - marks[i][cut])
-    return states, max(rest)
+        left += batches - cut
+    return states, max(rest), left
 
 
-def _resume(paths: list, shards: int, states_for) -> tuple:
+def _resume(paths: list, shards: int, states_for, left: int) -> tuple:
     """(slowest time to the first batch, slowest time to the end) over ``shards`` resumed
-    shards; shard ``j`` resumes from ``states_for(j)``."""
+    shards; shard ``j`` resumes from ``states_for(j)``. Together they must deliver the
+    ``left`` batches the old shards had not (the remainder keeps the old batches)."""
     clock = time.perf_counter
     first, end = [], []
+    delivered = 0
     for j in range(shards):
         t0 = clock()
         it = _pipeline(paths, shards, j).iter_from(states_for(j))
         got = next(it, None)
         first.append(clock() - t0)
         if got is not None:
-            for _ in it:
-                pass
+            delivered += 1 + sum(1 for _ in it)
         end.append(clock() - t0)
+    if delivered != left:
+        raise RuntimeError(f"the resumed shards delivered {delivered} batches, not {left}")
     return max(first), max(end)
 
 
@@ -145,9 +150,9 @@ def main(argv=None) -> int:
                     old_marks = _marks(paths, n)
                     epoch_m = max(marks[-1] for marks in _marks(paths, m))
                     for depth in depths:
-                        states, rest = _checkpoint(paths, n, old_marks, depth)
-                        first, elastic = _resume(paths, m, lambda j: states)
-                        _, same = _resume(paths, n, lambda i: states[i])
+                        states, rest, left = _checkpoint(paths, n, old_marks, depth)
+                        first, elastic = _resume(paths, m, lambda j: states, left)
+                        _, same = _resume(paths, n, lambda i: states[i], left)
                         rows[depth].append((elastic, first, same, rest, epoch_m))
                 for depth in depths:
                     med = [statistics.median(col) for col in zip(*rows[depth])]
