@@ -23,6 +23,7 @@ from .codecs import (check_compression, describe_head, infer_compression, make_c
 from .errors import DecodeError, FormatError, SourceError, UsageError, UsageTypeError
 from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_tfrecord,
                       make_framer)
+from .formats.index_file import without_index_files
 from .formats.recordio import MULTIPART_CHOICES
 from .formats import check_common
 from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
@@ -109,21 +110,23 @@ def _expand(source: Any) -> list:
                              if not os.path.basename(p).startswith(".") and _readable_entry(p))
             if not matches:
                 raise UsageError(f"no files match {text!r}")
-            return matches
+            return without_index_files(matches)
         if os.path.isdir(text):
             files = sorted(os.path.join(text, name) for name in os.listdir(text)
                            if not name.startswith("."))
             files = [p for p in files if _readable_entry(p)]
             if not files:
                 raise UsageError(f"directory {text!r} holds no files to read")
-            return files
+            return without_index_files(files)
     return [source]
 
 
 def expand_sources(source_or_list: Any) -> tuple:
     """The sources a user's ``source_or_list`` names, in order: a list or tuple is read item by
     item; a glob (``"data/*.tfrecord"``) gives its matches, sorted; a directory its files, sorted
-    (hidden ones and subdirectories skipped); anything else is one source."""
+    (hidden ones and subdirectories skipped); from both, the index files of data files among
+    them are left out (:func:`~streamio.formats.index_file.without_index_files`); anything else
+    is one source."""
     items = list(source_or_list) if isinstance(source_or_list, (list, tuple)) else [source_or_list]
     if not items:
         raise UsageError("no source given (an empty list)")

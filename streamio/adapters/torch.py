@@ -306,7 +306,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
         # of the PipeChannel FIFOs (a restarted SageMaker job's FIFOs start again at _0).
         self._iterator: Any = None
         self._started_epoch: Optional[int] = None  # the epoch of the latest iter() here
-        self._pending: Optional[tuple] = None  # (epoch, iterator state or None)
+        self._pending: Optional[tuple] = None  # (epoch, iterator state(s) or None)
+        self._place: Optional[list] = None  # [rank, world_size, worker, num_workers] of iter()
         self._channel_shift = 0
         adopt = getattr(dataset, "add_stats_provider", None)
         if adopt is not None:
@@ -462,20 +463,28 @@ class StreamDataset(torch.utils.data.IterableDataset):
         receiving object's ``state_dict()`` has."""
         it = self._iterator
         inner = {"epoch": self._started_epoch,
-                 "iterator": None if it is None else it.state_dict()}
+                 "iterator": None if it is None else it.state_dict(),
+                 "place": self._place}
         return {"streamio_torch": 1, "resume": json.dumps(inner, sort_keys=True)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: Any) -> None:
         """Make the next ``iter()`` finish the epoch ``state`` was taken in, exactly (see
-        ``Dataset.iter_from``); the epochs after it count on from there."""
-        if not isinstance(state, dict) or state.get("streamio_torch") != 1:
-            raise UsageError("not a StreamDataset state (from StreamDataset.state_dict())")
-        try:
-            outer = json.loads(state["resume"])
-            inner = outer["iterator"]
-            epoch = outer["epoch"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"not a StreamDataset state: {exc!r}") from None
+        ``Dataset.iter_from``); the epochs after it count on from there.
+
+        ``state`` may also be a **list** of the interrupted run's states gathered from every
+        rank: each a ``StreamDataset.state_dict()`` or a whole torchdata
+        ``StatefulDataLoader.state_dict()`` (its workers' states are taken from it). On the same
+        layout (ranks x workers) each reader resumes from its own; on another, each reader gets
+        its share of what the old readers had not delivered (elastic resume:
+        :mod:`streamio.pipeline.elastic`). Call it before the DataLoader is made, on the
+        dataset it is given, and do not load the old loader's state into the new loader."""
+        if isinstance(state, (list, tuple)):
+            self._load_states(list(state))
+            return
+        epoch, inner = _unpack(state)
+        self._set_pending(epoch, inner)
+
+    def _set_pending(self, epoch: Any, inner: Any) -> None:
         if epoch is None:
             self._pending = None
             return
@@ -487,15 +496,77 @@ class StreamDataset(torch.utils.data.IterableDataset):
             from ..pipeline.resume import check_fields
 
             try:
-                check_fields(inner)  # the rest is checked against each reader's plan
+                for one in inner if isinstance(inner, list) else [inner]:
+                    check_fields(one)  # the rest is checked against each reader's plan
             except UsageTypeError:
                 raise UsageError("not a StreamDataset state: its 'iterator' is not a resume"
                                  " state") from None
-        self._pending = (epoch, None if inner is None else dict(inner))
-        self._epoch.resumed(epoch)
+        self._pending = (epoch, None if inner is None else inner)
+        if isinstance(inner, list):
+            # Loaded in the main process for every DataLoader worker (forked or spawned with
+            # this object): the resumed epoch's readers count as that epoch's, and a reader that
+            # takes a later epoch (the next epoch's workers, made from the same object) leaves
+            # the states alone.
+            self._epoch.set(epoch)
+        else:
+            self._epoch.resumed(epoch)
         for i, start in self._channel_starts.items():
             # The next FIFO this channel opens carries the resumed epoch.
             self._channel_shift = epoch - (self.dataset.sources[i].epoch - start)
+
+    def _load_states(self, states: list) -> None:
+        """The list form of :meth:`load_state_dict`: every old reader's ``(place, iterator
+        state)``, kept for ``__iter__`` to sort out against the new layout."""
+        readers = []
+        for k, state in enumerate(states):
+            for inner_state in _dataset_states(state, k):
+                readers.append(_unpack(inner_state))
+        epochs = sorted({epoch for epoch, _ in readers if epoch is not None})
+        if not epochs:
+            self._set_pending(None, None)  # no reader had started: nothing to restore
+            return
+        if len(epochs) > 1:
+            raise UsageError(f"resume states: the readers' states are from different epochs"
+                             f" {epochs[:4]}: give the states of one checkpoint")
+        for _, inner in readers:
+            if inner is not None and "place" not in inner:
+                raise UsageError("resume states: a reader's state has no 'place' (taken by a"
+                                 " streamio before elastic resume): load it into its own reader")
+        # A reader whose iterator is None had delivered nothing: its whole share is left.
+        self._set_pending(epochs[0], [inner for epoch, inner in readers
+                                      if epoch is not None and inner is not None])
+
+    def _elastic_state(self, states: list, epoch: int, rank: int, world_size: int,
+                       worker: int, num_workers: int) -> Any:
+        """This reader's resume from every old reader's state: its own on the same layout,
+        else the list of all old readers' Dataset states (a reader that had delivered nothing
+        gets a state of its plan at 0), for ``Dataset.iter_from``."""
+        if not states:
+            return None  # no reader had delivered anything: the epoch from its start
+        places = {tuple(s["place"]) for s in states if s is not None}
+        layouts = {(p[1], p[3]) for p in places}
+        if len(layouts) != 1:
+            raise UsageError(f"resume states: readers from different layouts (world_size,"
+                             f" num_workers) {sorted(layouts)[:4]}: give one checkpoint's states")
+        old_world, old_workers = layouts.pop()
+        if (old_world, old_workers) == (world_size, num_workers):
+            own = [s for s in states if s is not None
+                   and s["place"] == [rank, world_size, worker, num_workers]]
+            return own[0] if own else None
+        by_place = {(s["place"][0], s["place"][2]): s for s in states if s is not None}
+        template = next(iter(by_place.values()))
+        out = []
+        for r in range(old_world):
+            for w in range(old_workers):
+                found = by_place.get((r, w))
+                if found is None:  # that reader had delivered nothing: all of its share is left
+                    from ..pipeline.resume import make_state, with_seeds
+
+                    old = self.plan(epoch=epoch, rank=r, world_size=old_world, worker=w,
+                                    num_workers=old_workers)
+                    found = make_state(with_seeds(old, template["seeds"]), epoch, 0, False)
+                out.append(found)
+        return out
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -503,15 +574,24 @@ class StreamDataset(torch.utils.data.IterableDataset):
         explicit = None if self.rank is None else (self.rank, self.world_size)
         rank, world_size = _distributed(explicit, self._parent_group)
         pending, self._pending = self._pending, None
-        epoch = pending[0] if pending is not None else self._epoch.take(num_workers)
+        if pending is not None and isinstance(pending[1], list):
+            epoch = self._epoch.take(num_workers)
+            if epoch != pending[0]:
+                pending = None
+        else:
+            epoch = pending[0] if pending is not None else self._epoch.take(num_workers)
         self._started_epoch = epoch
+        self._place = [rank, world_size, worker, num_workers]
         self._iterator = None
         ds = self.plan(epoch=epoch, rank=rank, world_size=world_size, worker=worker,
                        num_workers=num_workers)
-        if pending is not None and pending[1] is not None:
+        resume = None if pending is None else pending[1]
+        if isinstance(resume, list):
+            resume = self._elastic_state(resume, epoch, rank, world_size, worker, num_workers)
+        if resume is not None:
             # Checked against this reader's plan (its shard, worker and rank) now, in __iter__,
             # so a state from another worker layout fails here rather than resuming wrongly.
-            ds.load_state_dict(pending[1])
+            ds.load_state_dict(resume)
         # Pinned memory does not survive the trip from a worker to the main process (tensors go
         # through shared memory); there DataLoader(pin_memory=True) does the pinning.
         pin = self.pin_memory and info is None and torch.cuda.is_available()
@@ -559,6 +639,41 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
     def __repr__(self) -> str:
         return f"StreamDataset({self.dataset!r}, next epoch {self.epoch})"
+
+
+def _unpack(state: Any) -> tuple:
+    """``(epoch, iterator state or None)`` of a ``StreamDataset.state_dict()``, checked."""
+    if not isinstance(state, dict) or state.get("streamio_torch") != 1:
+        raise UsageError("not a StreamDataset state (from StreamDataset.state_dict())")
+    try:
+        outer = json.loads(state["resume"])
+        inner = outer["iterator"]
+        epoch = outer["epoch"]
+        place = outer.get("place")
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"not a StreamDataset state: {exc!r}") from None
+    if inner is not None and isinstance(inner, dict) and place is not None:
+        inner = dict(inner, place=place) if "place" not in inner else dict(inner)
+    return epoch, inner
+
+
+def _dataset_states(state: Any, k: int) -> list:
+    """The StreamDataset states in one element of a gathered list: itself, or a torchdata
+    ``StatefulDataLoader.state_dict()``'s (``dataset_state`` with ``num_workers=0``, each
+    worker's under ``_snapshot``/``_worker_snapshots`` otherwise)."""
+    if isinstance(state, dict) and state.get("streamio_torch") == 1:
+        return [state]
+    if isinstance(state, dict) and isinstance(state.get("dataset_state"), dict):
+        return [state["dataset_state"]]
+    workers = state.get("_snapshot", {}).get("_worker_snapshots") if isinstance(state, dict) \
+        else None
+    if isinstance(workers, dict) and workers:
+        found = [w.get("dataset_state") if isinstance(w, dict) else None
+                 for w in workers.values()]
+        if all(isinstance(f, dict) for f in found):
+            return found
+    raise UsageError(f"resume states[{k}]: neither a StreamDataset state nor a torchdata"
+                     " StatefulDataLoader state holding them")
 
 
 def _must_share(sources: tuple, readers: int) -> bool:

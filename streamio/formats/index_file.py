@@ -21,6 +21,7 @@ record start at each offset?) is checked by the reader of the file
 
 from __future__ import annotations
 
+import posixpath
 from typing import Iterable, Iterator, Optional
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from ..errors import FormatError
 
 __all__ = ["RecordIndex", "encode_index", "index_misfit", "index_suffix", "parse_index",
+           "without_index_files",
            "parse_index_lines"]
 
 #: Digits of one number: 2**63 - 1 has 19. More is not an offset in any file (and Python's
@@ -170,3 +172,19 @@ def encode_index(format: str, entries: Iterable[tuple]) -> Iterator[str]:
     else:
         for _, offset, length in entries:
             yield f"{offset} {length}\n"
+
+
+def without_index_files(paths: list) -> list:
+    """``paths`` less the record indexes of other files among them (``x.tfrecord.index``,
+    ``x.rec.idx``, MXNet's ``x.idx`` beside ``x.rec``: what ``streamio index``, ``streamio pack
+    --index``, DALI and MXNet write). They hold offsets, not records; the byte-range planner
+    finds them beside their files by itself. What a directory, a glob and a SageMaker File-mode
+    channel read."""
+    listed = set(paths)
+    indexes = set()
+    for path in paths:
+        stem = posixpath.splitext(path)[0]  # names only: no I/O in this layer
+        for candidate in (path + ".index", path + ".idx", stem + ".idx", stem + ".index"):
+            if candidate != path and candidate in listed:
+                indexes.add(candidate)
+    return [p for p in paths if p not in indexes]

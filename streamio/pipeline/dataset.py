@@ -86,8 +86,8 @@ class Dataset:
 
     - ``source_or_list``: anything :func:`streamio.read_records` reads (a path, FIFO, ``"-"``,
       URL, file object, bytes, :class:`~streamio.PipeChannel`), a glob (``"data/*.tfrecord"``,
-      sorted), a directory (its files, sorted, hidden ones skipped), or a list of these, read
-      in order, one source open at a time;
+      sorted), a directory (its files, sorted; hidden ones, and index files beside the data
+      files they index, skipped), or a list of these, read in order, one source open at a time;
     - ``format``: ``"tfrecord"``, ``"recordio"``, ``"csv"``, ``"lines"``;
     - ``decoder``: turns each batch of records into a dict of numpy arrays (``batch()``);
       without one (or without ``batch()``) items are raw records, and a batch is a ``list``;

@@ -4,7 +4,13 @@ A checkpoint of an epoch is small and JSON-serialisable::
 
     {"streamio_resume": 1, "epoch": 3, "delivered": 1200, "finished": false,
      "seeds": [7, 11], "chain": "<sha256 of the pipeline's description>",
-     "check": "<sha256 of the chain and the seeds>"}
+     "check": "<sha256 of the chain and the seeds>",
+     "shards": [[4, 1]], "place": [0, 1, 1, 2]}
+
+``shards`` (the ``shard(n, i)`` calls) and ``place`` (rank, world size, worker, workers) say
+where the reader sat: what an elastic resume (a list of every shard's states, on another
+layout: :mod:`streamio.pipeline.elastic`) rebuilds each old shard's plan from. An epoch resumed
+elastically adds ``elastic``: the states it resumed from and its ``deal``.
 
 ``delivered`` counts the items (records, or batches after ``batch()``) the consumer has taken
 from the epoch's iterator. Resuming (:meth:`Dataset.iter_from`) rebuilds the same epoch (same

@@ -50,6 +50,7 @@ import numpy as np
 from ..decoders import Csv, RecordIOProtobuf
 from ..errors import DecodeError, UsageError, UsageTypeError
 from ..formats import DEFAULT_MAX_RECORD_SIZE
+from ..formats.index_file import without_index_files
 from ..formats.whole_object import WholeObjectFramer  # format "object", registered there
 from ..pipeline import Dataset
 from ..sources import PipeChannel
@@ -257,27 +258,12 @@ def _walk_files(root: str) -> list:
     return found
 
 
-def _without_indexes(paths: list) -> list:
-    """``paths`` less the record indexes of other files among them (``x.tfrecord.index``,
-    ``x.rec.idx``, MXNet's ``x.idx`` beside ``x.rec``: what ``streamio index`` and ``streamio
-    pack --index`` write). They are not records; the byte-range planner finds them beside
-    their files by itself."""
-    listed = set(paths)
-    indexes = set()
-    for path in paths:
-        stem = os.path.splitext(path)[0]
-        for candidate in (path + ".index", path + ".idx", stem + ".idx", stem + ".index"):
-            if candidate != path and candidate in listed:
-                indexes.add(candidate)
-    return [p for p in paths if p not in indexes]
-
-
 def _files(config: ChannelConfig) -> list:
     root = config.data_path
     if not os.path.isdir(root):
         raise ConfigError(f"channel {config.name!r} ({config.input_mode} mode) has no directory"
                           f" {root}", path=config.source, key=config.name)
-    found = _without_indexes(_walk_files(root))
+    found = without_index_files(_walk_files(root))
     if not found:
         raise ConfigError(f"channel {config.name!r} holds no files under {root}",
                           path=config.source, key=config.name)

@@ -412,6 +412,18 @@ def resume_state_seeds(rng: random.Random) -> List[bytes]:
     seeds.append(T.encode_resume_state({**state, "seeds": [2, None, 2]}))
     seeds.append(T.encode_resume_state({**state, "delivered": 10 ** 6}))
     seeds.append(T.encode_resume_state({**state, "epoch": "1", "finished": "no"}))
+    # Elastic: the states of 2 shards (a list), and the state of an epoch resumed from them.
+    shards = []
+    for i in range(2):
+        it = iter(ds.shard(2, i))
+        next(it)
+        shards.append(it.state_dict())
+        it.close()
+    seeds.append(T.encode_resume_state(shards))
+    it = ds.iter_from(shards)
+    next(it)
+    seeds.append(T.encode_resume_state(it.state_dict()))
+    it.close()
     return seeds
 
 

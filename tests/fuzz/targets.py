@@ -718,6 +718,13 @@ def _resume_pipeline() -> Any:
     return _RESUME["ds"]
 
 
+def _resume_records() -> set:
+    _resume_pipeline()
+    if "records" not in _RESUME:
+        _RESUME["records"] = {r for batch in _RESUME["ds"] for r in batch}
+    return _RESUME["records"]
+
+
 def encode_resume_state(state: Any) -> bytes:
     """Input: the state as JSON text, as a checkpoint file or a DataLoader state holds it."""
     return json.dumps(state).encode("utf-8")
@@ -737,6 +744,13 @@ def run_resume_state(ck: ModuleType, data: bytes) -> None:
     try:
         got = list(ds.iter_from(state))
     except (UsageError, UsageTypeError):
+        return
+    if isinstance(state, list) or "elastic" in state:
+        # An elastic resume (a list of shard states, or an epoch resumed from one): what it
+        # delivers are records of the epoch, none twice.
+        records = [r for batch in got for r in batch]
+        if len(set(records)) != len(records) or not set(records) <= _resume_records():
+            raise Mismatch("an elastic resume delivered a record twice or one not in the data")
         return
     if state["finished"]:
         expect_equal("items of a finished epoch", got, [])

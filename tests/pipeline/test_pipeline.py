@@ -811,6 +811,28 @@ def test_globs_and_directories_expand_to_sorted_files(tmp_path):
         Dataset(str(tmp_path / "sub"), "tfrecord")
 
 
+def test_a_packed_directory_reads_its_shards_not_their_index_files(tmp_path):
+    """`streamio pack --index` / `streamio index` write x.tfrecord.index beside x.tfrecord
+    (MXNet: x.idx beside x.rec): a directory or glob over them reads the records once, and the
+    index still serves the byte-range splits."""
+    from streamio.tools.index import write_index
+
+    for k in range(2):
+        path = write(tmp_path / f"part-{k}.tfrecord", range(10 * k, 10 * k + 10))
+        write_index(path, "tfrecord")
+    streamio.write_records(str(tmp_path / "train.rec"), "recordio", [b"r%d" % i for i in range(4)])
+    (tmp_path / "train.idx").write_text("0\t0\n")
+    (tmp_path / "lone.idx").write_text("not an index of anything here\n")
+    names = [os.path.basename(s) for s in Dataset(str(tmp_path), "tfrecord").sources]
+    assert names == ["lone.idx", "part-0.tfrecord", "part-1.tfrecord", "train.rec"]
+    tfrecords = Dataset(str(tmp_path / "part-*"), "tfrecord")
+    assert [os.path.basename(s) for s in tfrecords.sources] == ["part-0.tfrecord",
+                                                                 "part-1.tfrecord"]
+    assert sorted(ids_of(list(tfrecords))) == list(range(20))
+    assert sorted(i for k in range(3) for i in ids_of(list(tfrecords.shard(3, k)))) \
+        == list(range(20))
+
+
 def test_bytes_source_and_a_list_read_in_order(tmp_path):
     data = b"".join(streamio.formats.encode_tfrecord(rec(i)) for i in range(5))
     path = write(tmp_path / "x.tfrecord", range(5, 9))
