@@ -133,8 +133,9 @@ def test_every_record_once_over_the_interrupted_and_the_resumed_job(jobs, phase,
 
 def test_one_process_two_workers_resumed_on_three_workers_and_on_none(tmp_path):
     """No process group: StatefulDataLoader(num_workers=2) checkpointed after 5 batches,
-    ``to_torch().load_state_dict([its state])`` then a fresh loader with 3 workers, and one with
-    ``num_workers=0``: each gives the rest of the epoch, then a full epoch 1."""
+    ``to_torch().load_state_dict([its state])`` then a fresh loader with 3 workers (forked,
+    persistent, spawned), and one with ``num_workers=0``: each gives the rest of the epoch,
+    then a full epoch 1."""
     os.makedirs(tmp_path / "files")
     write_id_parts(str(tmp_path / "files"), FILE_SIZES)
     proc = subprocess.run([sys.executable, SCRIPT, "local", str(tmp_path)], capture_output=True,
@@ -143,7 +144,7 @@ def test_one_process_two_workers_resumed_on_three_workers_and_on_none(tmp_path):
     result = json.loads((tmp_path / "local.json").read_text())
     assert result["tensorflow_imported"] is False
     everything = set(range(sum(FILE_SIZES)))
-    for workers in ("3", "0"):
+    for workers in ("3", "0", "3-persistent", "3-spawn"):
         assert "error" not in result[workers], (workers, result[workers])
         rest, next_epoch = result[workers]
         _assert_exactly_once([result["before"], rest], everything, f"{workers} workers, epoch 0")

@@ -49,10 +49,10 @@ def pipeline(workdir, case):
     return Dataset(paths, "tfrecord", decoder=ID_X).shuffle(64, seed=11).batch(8).prefetch(2)
 
 
-def loader_of(tds, num_workers):
+def loader_of(tds, num_workers, **options):
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    return StatefulDataLoader(tds, batch_size=None, num_workers=num_workers)
+    return StatefulDataLoader(tds, batch_size=None, num_workers=num_workers, **options)
 
 
 def epoch_ids(loader):
@@ -207,19 +207,23 @@ def job_main(workdir, phase, nranks, timeout):
 
 
 def local_main(workdir):
-    """One process: 2 workers checkpointed, resumed on 3 workers and on num_workers=0."""
+    """One process: 2 workers checkpointed, resumed on 3 workers (forked; persistent; spawned)
+    and on num_workers=0."""
     case = "files"
     ids, state, it = take(loader_of(pipeline(workdir, case).to_torch(), 2), 5)
     del it
     result = {"before": ids}
-    for workers in (3, 0):
+    for name, workers, options in (("3", 3, {}), ("0", 0, {}),
+                                   ("3-persistent", 3, {"persistent_workers": True}),
+                                   ("3-spawn", 3, {"multiprocessing_context": "spawn"})):
         try:
             tds = pipeline(workdir, case).to_torch()
             tds.load_state_dict([state])  # the one old loader's state, in a list
-            loader = loader_of(tds, workers)
-            result[str(workers)] = [epoch_ids(loader), epoch_ids(loader)]
+            loader = loader_of(tds, workers, **options)
+            result[name] = [epoch_ids(loader), epoch_ids(loader)]
+            del loader  # persistent workers stop now, before the next loader forks
         except Exception as exc:  # noqa: BLE001 - reported to the test, which names it
-            result[str(workers)] = {"error": f"{type(exc).__name__}: {exc}"}
+            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
     result["tensorflow_imported"] = "tensorflow" in sys.modules
     write(os.path.join(workdir, "local.json"), result)
     return 0
