@@ -46,7 +46,7 @@ The package, one module per job: :mod:`.config` (defaults, targets, result recor
 memory), :mod:`.cases` (the streamio side), :mod:`.peers` (tf.data, the tfrecord package, torch in
 their worker processes), :mod:`.run` (the rounds), :mod:`.report` (medians, ratios, the table) and
 :mod:`.cli`. The benchmarks with options of their own are modules beside them: :mod:`.images`,
-:mod:`.ranges`, :mod:`.resume`, :mod:`.ray` (streamio on Ray Data) and :mod:`.device` (the GPU
+:mod:`.ranges`, :mod:`.resume`, :mod:`.elastic`, :mod:`.ray` (streamio on Ray Data) and :mod:`.device` (the GPU
 checks).
 """
 
