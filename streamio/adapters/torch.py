@@ -496,13 +496,14 @@ class StreamDataset(torch.utils.data.IterableDataset):
             from ..pipeline.resume import check_fields
 
             try:
-                for one in inner if isinstance(inner, list) else [inner]:
+                for one in ([r[1] for r in inner.readers if r[1] is not None]
+                            if isinstance(inner, _Gathered) else [inner]):
                     check_fields(one)  # the rest is checked against each reader's plan
             except UsageTypeError:
                 raise UsageError("not a StreamDataset state: its 'iterator' is not a resume"
                                  " state") from None
         self._pending = (epoch, None if inner is None else inner)
-        if isinstance(inner, list):
+        if isinstance(inner, _Gathered):
             # Loaded in the main process for every DataLoader worker (forked or spawned with
             # this object): the resumed epoch's readers count as that epoch's, and a reader that
             # takes a later epoch (the next epoch's workers, made from the same object) leaves
@@ -515,50 +516,62 @@ class StreamDataset(torch.utils.data.IterableDataset):
             self._channel_shift = epoch - (self.dataset.sources[i].epoch - start)
 
     def _load_states(self, states: list) -> None:
-        """The list form of :meth:`load_state_dict`: every old reader's ``(place, iterator
-        state)``, kept for ``__iter__`` to sort out against the new layout."""
+        """The list form of :meth:`load_state_dict`: every old reader's place and iterator
+        state, kept for ``__iter__`` to sort out against the new layout."""
         readers = []
         for k, state in enumerate(states):
             for inner_state in _dataset_states(state, k):
-                readers.append(_unpack(inner_state))
-        epochs = sorted({epoch for epoch, _ in readers if epoch is not None})
+                readers.append(_unpack(inner_state, with_place=True))
+        epochs = sorted({epoch for epoch, _, _ in readers if epoch is not None})
         if not epochs:
             self._set_pending(None, None)  # no reader had started: nothing to restore
             return
         if len(epochs) > 1:
             raise UsageError(f"resume states: the readers' states are from different epochs"
                              f" {epochs[:4]}: give the states of one checkpoint")
-        for _, inner in readers:
-            if inner is not None and "place" not in inner:
+        for _, inner, place in readers:
+            if inner is not None and place is None:
                 raise UsageError("resume states: a reader's state has no 'place' (taken by a"
                                  " streamio before elastic resume): load it into its own reader")
-        # A reader whose iterator is None had delivered nothing: its whole share is left.
-        self._set_pending(epochs[0], [inner for epoch, inner in readers
-                                      if epoch is not None and inner is not None])
+        self._set_pending(epochs[0], _Gathered(readers))
 
-    def _elastic_state(self, states: list, epoch: int, rank: int, world_size: int,
+    def _elastic_state(self, gathered: "_Gathered", epoch: int, rank: int, world_size: int,
                        worker: int, num_workers: int) -> Any:
         """This reader's resume from every old reader's state: its own on the same layout,
         else the list of all old readers' Dataset states (a reader that had delivered nothing
-        gets a state of its plan at 0), for ``Dataset.iter_from``."""
-        if not states:
+        gets a state of its plan at 0), for ``Dataset.iter_from``. The list must hold every
+        old reader once: one missing or repeated would repeat or lose its deliveries."""
+        known = {}
+        for _, inner, place in gathered.readers:
+            if place is None:
+                continue  # a reader that had not started (no place, nothing delivered)
+            key = (place[0], place[2])
+            if key in known:
+                raise UsageError(f"resume states: rank {place[0]} worker {place[2]} appears twice"
+                                 " in the list: give each old rank's state once")
+            known[key] = (place, inner)
+        if not any(inner is not None for _, inner in known.values()):
             return None  # no reader had delivered anything: the epoch from its start
-        places = {tuple(s["place"]) for s in states if s is not None}
-        layouts = {(p[1], p[3]) for p in places}
+        layouts = {(p[1], p[3]) for p, _ in known.values()}
         if len(layouts) != 1:
             raise UsageError(f"resume states: readers from different layouts (world_size,"
                              f" num_workers) {sorted(layouts)[:4]}: give one checkpoint's states")
         old_world, old_workers = layouts.pop()
+        if len(gathered.readers) != old_world * old_workers:
+            missing = sorted({(r, w) for r in range(old_world) for w in range(old_workers)}
+                             - set(known))
+            raise UsageError(
+                f"resume states: the list holds {len(gathered.readers)} readers' states, the"
+                f" interrupted run had {old_world} rank(s) x {old_workers} worker(s): give"
+                f" every old rank's state once (missing: rank, worker {missing[:4]})")
         if (old_world, old_workers) == (world_size, num_workers):
-            own = [s for s in states if s is not None
-                   and s["place"] == [rank, world_size, worker, num_workers]]
-            return own[0] if own else None
-        by_place = {(s["place"][0], s["place"][2]): s for s in states if s is not None}
-        template = next(iter(by_place.values()))
+            own = known.get((rank, worker))
+            return None if own is None else own[1]
+        template = next(inner for _, inner in known.values() if inner is not None)
         out = []
         for r in range(old_world):
             for w in range(old_workers):
-                found = by_place.get((r, w))
+                found = known.get((r, w), (None, None))[1]
                 if found is None:  # that reader had delivered nothing: all of its share is left
                     from ..pipeline.resume import make_state, with_seeds
 
@@ -574,7 +587,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         explicit = None if self.rank is None else (self.rank, self.world_size)
         rank, world_size = _distributed(explicit, self._parent_group)
         pending, self._pending = self._pending, None
-        if pending is not None and isinstance(pending[1], list):
+        if pending is not None and isinstance(pending[1], _Gathered):
             epoch = self._epoch.take(num_workers)
             if epoch != pending[0]:
                 pending = None
@@ -586,7 +599,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         ds = self.plan(epoch=epoch, rank=rank, world_size=world_size, worker=worker,
                        num_workers=num_workers)
         resume = None if pending is None else pending[1]
-        if isinstance(resume, list):
+        if isinstance(resume, _Gathered):
             resume = self._elastic_state(resume, epoch, rank, world_size, worker, num_workers)
         if resume is not None:
             # Checked against this reader's plan (its shard, worker and rank) now, in __iter__,
@@ -641,8 +654,19 @@ class StreamDataset(torch.utils.data.IterableDataset):
         return f"StreamDataset({self.dataset!r}, next epoch {self.epoch})"
 
 
-def _unpack(state: Any) -> tuple:
-    """``(epoch, iterator state or None)`` of a ``StreamDataset.state_dict()``, checked."""
+class _Gathered:
+    """Every old reader's ``(epoch, iterator state or None, place or None)``, from a list
+    given to :meth:`StreamDataset.load_state_dict`."""
+
+    __slots__ = ("readers",)
+
+    def __init__(self, readers: list) -> None:
+        self.readers = readers
+
+
+def _unpack(state: Any, with_place: bool = False) -> tuple:
+    """``(epoch, iterator state or None)`` of a ``StreamDataset.state_dict()``, checked (and
+    its reader's place, ``[rank, world_size, worker, num_workers]`` or None, ``with_place``)."""
     if not isinstance(state, dict) or state.get("streamio_torch") != 1:
         raise UsageError("not a StreamDataset state (from StreamDataset.state_dict())")
     try:
@@ -652,9 +676,13 @@ def _unpack(state: Any) -> tuple:
         place = outer.get("place")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"not a StreamDataset state: {exc!r}") from None
-    if inner is not None and isinstance(inner, dict) and place is not None:
-        inner = dict(inner, place=place) if "place" not in inner else dict(inner)
-    return epoch, inner
+    if isinstance(inner, dict):
+        place = inner.get("place", place)
+    if place is not None and not (isinstance(place, list) and len(place) == 4 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in place)
+            and place[0] < place[1] and place[2] < place[3]):
+        raise UsageError(f"not a StreamDataset state: its place is {place!r:.80}")
+    return (epoch, inner, place) if with_place else (epoch, inner)
 
 
 def _dataset_states(state: Any, k: int) -> list:

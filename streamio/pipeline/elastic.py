@@ -115,23 +115,21 @@ def _old_plan(ds: Any, state: dict, where: str) -> Any:
                                         worker=worker, num_workers=workers)
     for n, i in state["shards"]:
         plan = plan.shard(n, i)
-    plan = _resume.with_seeds(plan, state["seeds"])
-    try:
+    try:  # before the state's seeds replace the plan's: a seed given explicitly must match
         _resume.check_state(plan, state)
     except UsageError as exc:
         raise UsageError(f"resume state {where}: {exc}") from None
-    return plan
+    return _resume.with_seeds(plan, state["seeds"])
 
 
 def _remainder(ds: Any, state: dict, where: str) -> list:
     """``[(plan, filters)]``: the runs that replay what ``state``'s shard had not delivered
     (several for a state that was itself an elastic resume), each with the filters that pick
     its items: a fresh ``SkipFirst(delivered)`` first."""
-    if state["finished"]:
-        return []
     elastic = state.get("elastic")
     if elastic is None:
-        return [(_old_plan(ds, state, where), [SkipFirst(state["delivered"])])]
+        plan = _old_plan(ds, state, where)  # checked, finished or not
+        return [] if state["finished"] else [(plan, [SkipFirst(state["delivered"])])]
     universe, old = _layout(elastic["from"], f"{where}.elastic.from")
     if _deal(universe, _layers(state, where)) != tuple(elastic["deal"]):
         raise UsageError(f"resume state {where}: its 'elastic' 'deal' {elastic['deal']} does not"
@@ -143,7 +141,7 @@ def _remainder(ds: Any, state: dict, where: str) -> list:
         deal = Deal(m, j, s)  # counted over old shard s's remainder
         for plan, filters in _remainder(ds, inner, f"{where}.elastic.from[{s}]"):
             runs.append((plan, filters + [deal, skip]))
-    return runs
+    return [] if state["finished"] else runs
 
 
 def _epoch_of(states: list, where: str) -> int:

@@ -69,9 +69,7 @@ def _edited(states: list, k: int, **fields) -> list:
 
 @pytest.mark.parametrize("case, match", [
     ("chain", "different pipeline"),
-    pytest.param("finished-chain", "different pipeline", marks=pytest.mark.xfail(
-        strict=True, reason="hole: elastic.py _remainder returns [] for a finished state before"
-        " _old_plan checks it against the pipeline")),
+    ("finished-chain", "different pipeline"),
     ("swapped", "different pipeline"),
     ("beyond", "'delivered' is 1000000"),
 ])
@@ -101,8 +99,6 @@ def test_states_of_another_data_set_are_refused(sources, four):
         _finish(lambda n, i: _pipeline(sources["other"], n, i), 3, four)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: elastic.py _old_plan puts the state's seeds into"
-                   " the plan (with_seeds) before check_state compares them with the pipeline's")
 def test_an_elastic_resume_refuses_a_pipeline_given_another_seed(sources, four):
     """As the same-layout resume does: a job restarted with shuffle(seed=12) is told the states
     are another pipeline's (seed 11), rather than finishing the epoch in seed 11's order and
