@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -81,8 +82,8 @@ RECORDS, LISTS, DICTS = 1, 2, 3
 _ARRAY, _OBJECTS, _SPARSE = 1, 2, 3
 _ALIGN = 16
 # dtype.str of plain numbers, bytes and str: nothing numpy would build an object from.
-_DTYPE = re.compile(r"[<>|][biufc]\d{1,2}|[<>|][SU]\d{1,9}|[<>][mM]8\[[A-Za-z]{1,3}\]")
-_MAX_DIM = 1 << 62
+_DTYPE = re.compile(r"[<>|][biufc]\d{1,2}|[<>|][SU]\d{1,6}|[<>][mM]8\[[A-Za-z]{1,3}\]")
+_MAX_ELEMENTS = 1 << 36  # elements of any shape: times the largest itemsize (4 MB) < 2**62
 _FILE_PREFIX = "streamio-cache-"
 
 
@@ -235,19 +236,18 @@ class _Cursor:
         if ndim > 32:
             raise self.fail(f"{ndim} dimensions")
         shape = self.unpack(f"<{ndim}Q")
-        if any(d > _MAX_DIM for d in shape):
+        # numpy refuses a shape whose non-zero dimensions multiply past its index range, even
+        # for an empty array: bounded here (a real block is far smaller).
+        if math.prod(d for d in shape if d) > _MAX_ELEMENTS:
             raise self.fail(f"shape {shape}")
         return shape
 
     def pieces(self, lengths: np.ndarray) -> list:
-        total = int(lengths.sum(dtype=np.uint64)) if len(lengths) else 0
-        if len(lengths) and int(lengths.max()) > len(self.buf):
-            raise self.fail("a length beyond the block")
+        ends = list(itertools.accumulate(lengths.tolist()))  # Python ints: no wrap-around
+        total = ends[-1] if ends else 0
         start = self.take(total)
         data = bytes(self.buf[start:start + total])
-        ends = np.cumsum(lengths, dtype=np.uint64).tolist()
-        begins = [0] + ends[:-1]
-        return [data[b:e] for b, e in zip(begins, ends)]
+        return [data[b:e] for b, e in zip([0] + ends[:-1], ends)]
 
     def done(self) -> None:
         if self.pos != len(self.buf):
@@ -278,7 +278,10 @@ def _read_array(cur: _Cursor) -> np.ndarray:
     text = bytes(cur.buf[start:start + length]).decode("ascii", "replace")
     if not _DTYPE.fullmatch(text):
         raise cur.fail(f"dtype {text!r:.40}")
-    dtype = np.dtype(text)
+    try:
+        dtype = np.dtype(text)
+    except TypeError:
+        raise cur.fail(f"dtype {text!r}") from None
     if dtype.hasobject or dtype.itemsize == 0:
         raise cur.fail(f"dtype {text!r}")
     shape = cur.shape()
@@ -296,9 +299,11 @@ def _read_value(cur: _Cursor) -> Any:
     cur.take(1)
     rows, cols = cur.unpack("<QQ")
     parts = [_read_array(cur) for _ in range(3)]
+    if any(p.dtype != np.int64 for p in parts[:2]) or parts[2].dtype.kind not in "biufc":
+        raise cur.fail("a sparse value's parts are not int64 indices and numeric values")
     try:
         return SparseBatch(parts[0], parts[1], parts[2], (rows, cols))
-    except UsageError as exc:
+    except (UsageError, ValueError) as exc:
         raise cur.fail(f"a sparse value does not check out ({exc})") from None
 
 
@@ -313,10 +318,8 @@ def decode_block(kind: int, payload: Any, where: str = "<cache>", offset: int = 
     if kind == RECORDS:
         items = cur.pieces(cur.u64s(n))
     elif kind == LISTS:
-        counts = cur.u64s(n)
-        total = int(counts.sum(dtype=np.uint64)) if n else 0
-        records = cur.pieces(cur.u64s(total))
-        ends = np.cumsum(counts, dtype=np.uint64).tolist()
+        ends = list(itertools.accumulate(cur.u64s(n).tolist()))
+        records = cur.pieces(cur.u64s(ends[-1] if ends else 0))
         items = [records[b:e] for b, e in zip([0] + ends[:-1], ends)]
     elif kind == DICTS:
         if n > len(payload) // 2:
@@ -651,7 +654,12 @@ class _CacheFile:
                     f"cache file holds {blocks} blocks of {items} items, its manifest says"
                     f" {self.manifest['blocks']} of {self.manifest['items']}", source=self.path)
         finally:
-            os.close(self.fd)
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 def open_cache_file(path: str, digest: str, directory: str) -> Optional[_CacheFile]:
@@ -695,6 +703,7 @@ def cached_blocks(stage: Any, run: Any, position: int) -> Iterator[tuple]:
     the upstream's (built here, as epoch :data:`FILL_EPOCH`), kept while they pass."""
     digest, place = cache_digest(run.ds, position)
     batched = any(s.makes_batches for s in run.ds._stages[:position])
+    found = None
     if stage.directory is None:
         complete = stage.memory.get(digest)
         sink: Any = None if complete is not None else _MemorySink(
@@ -706,7 +715,11 @@ def cached_blocks(stage: Any, run: Any, position: int) -> Iterator[tuple]:
         sink = None if found is not None else _FileSink(stage.directory, path, digest,
                                                         stage.max_bytes)
     if complete is not None:
-        yield from _serve(complete, run, batched)
+        try:
+            yield from _serve(complete, run, batched)
+        finally:
+            if found is not None:
+                found.close()  # also when the blocks were never started
         return
     view, blocks = run.upstream(position, FILL_EPOCH, track_ids=not batched)
     try:
