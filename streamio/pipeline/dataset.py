@@ -99,7 +99,7 @@ class Dataset:
     Methods (each returns a new Dataset; the receiver is unchanged): :meth:`shuffle`,
     :meth:`batch`, :meth:`shuffle_batches`, :meth:`map`, :meth:`filter`, :meth:`prefetch`,
     :meth:`shard`, :meth:`skip`,
-    :meth:`take`, :meth:`with_context`. :meth:`stats` describes the latest epoch.
+    :meth:`take`, :meth:`cache`, :meth:`with_context`. :meth:`stats` describes the latest epoch.
 
     Seeds derive from ``(seed, epoch, rank, worker)``: the same seed gives the same orders,
     each epoch its own. The epoch counter belongs to the Dataset object being iterated (its
