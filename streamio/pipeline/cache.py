@@ -429,14 +429,13 @@ def parse_cache(data: bytes, where: str = "<cache>") -> tuple[dict, list]:
         _check_payload(payload, block_sha, where, pos)
         blocks.append(decode_block(kind, payload, where, start))
         pos = start + length
-    _check_counts(manifest, blocks, where)
+    _check_counts(manifest, len(blocks), sum(len(items) for items, _ in blocks), where)
     return manifest, blocks
 
 
-def _check_counts(manifest: dict, blocks: list, where: str) -> None:
-    items = sum(len(items) for items, _ in blocks)
-    if (len(blocks), items) != (manifest["blocks"], manifest["items"]):
-        raise CorruptRecordError(f"cache file holds {len(blocks)} blocks of {items} items, its"
+def _check_counts(manifest: dict, blocks: int, items: int, where: str) -> None:
+    if (blocks, items) != (manifest["blocks"], manifest["items"]):
+        raise CorruptRecordError(f"cache file holds {blocks} blocks of {items} items, its"
                                  f" manifest says {manifest['blocks']} of {manifest['items']}",
                                  source=where)
 
@@ -537,8 +536,11 @@ class _FileSink:
 
     def _open(self) -> None:
         make_directory(self.directory)
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{_FILE_PREFIX}", suffix=".tmp",
-                                        dir=self.directory)
+        try:
+            fd, self.tmp = tempfile.mkstemp(prefix=f".{_FILE_PREFIX}", suffix=".tmp",
+                                            dir=self.directory)
+        except OSError as exc:  # a read-only or foreign directory, a full inode table
+            raise self._io_error(exc) from exc
         self.file = os.fdopen(fd, "wb", buffering=1 << 20)
 
     def _write(self, chunks: list) -> None:
@@ -649,10 +651,7 @@ class _CacheFile:
                 items += len(block[0])
                 yield block
                 pos += _BLOCK.size + length
-            if (blocks, items) != (self.manifest["blocks"], self.manifest["items"]):
-                raise CorruptRecordError(
-                    f"cache file holds {blocks} blocks of {items} items, its manifest says"
-                    f" {self.manifest['blocks']} of {self.manifest['items']}", source=self.path)
+            _check_counts(self.manifest, blocks, items, self.path)
         finally:
             self.close()
 

@@ -446,3 +446,16 @@ def test_torch_in_process_memory_cache(server):
     for _ in range(3):
         assert sorted(i for b in loader for i in b["x"].tolist()) == ALL_IDS
     assert _gets(server) == N_FILES
+
+
+def test_a_directory_that_cannot_be_written_is_a_source_error(tmp_path):
+    if os.geteuid() == 0:
+        blocked = tmp_path / "file"  # root writes anywhere: a path under a regular file
+        blocked.write_bytes(b"")
+        directory = str(blocked / "cache")
+    else:
+        os.chmod(tmp_path, 0o500)
+        directory = str(tmp_path / "cache")
+    data = b"".join(streamio.formats.encode_tfrecord(r) for r in _records(0))
+    with pytest.raises(SourceError, match="cache"):
+        list(Dataset(data, "tfrecord").cache(directory))
