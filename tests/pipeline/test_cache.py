@@ -459,3 +459,51 @@ def test_a_directory_that_cannot_be_written_is_a_source_error(tmp_path):
     data = b"".join(streamio.formats.encode_tfrecord(r) for r in _records(0))
     with pytest.raises(SourceError, match="cache"):
         list(Dataset(data, "tfrecord").cache(directory))
+
+
+@pytest.mark.parametrize("kind", ["memory", "directory"])
+def test_torch_workers_sharing_one_pipe_channel_cache_their_share(tmp_path, fifo, kind):
+    """SageMaker's case: one FIFO per epoch dealt to every DataLoader worker. Each worker caches
+    the blocks it was dealt; epochs 1 and 2 come from the caches, with no FIFO."""
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    ref = tmp_path / "ref.tfrecord"
+    streamio.write_records(str(ref), "tfrecord", [r for k in range(N_FILES) for r in _records(k)])
+    os.mkfifo(tmp_path / "train_0")
+    fifo.start(str(tmp_path / "train_0"), str(ref))
+    channel = streamio.PipeChannel(str(tmp_path / "train"), open_timeout=20)
+    ds = Dataset(channel, "tfrecord", decoder=_decoder()).batch(16).cache(_where(tmp_path, kind))
+    loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in range(3):
+        assert sorted(i for b in loader for i in b["x"].tolist()) == ALL_IDS
+    assert not os.path.exists(tmp_path / "train_1")
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's, not ours
+def test_stateful_dataloader_resumes_a_cached_epoch_from_the_files(server, tmp_path):
+    """2 workers, a directory cache: a checkpoint in epoch 2 resumes exactly in a new
+    DataLoader over a new Dataset, from the workers' files (no request to the server)."""
+    pytest.importorskip("torch")
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    urls = _urls(server)
+    make = lambda: stateful.StatefulDataLoader(  # noqa: E731
+        CHAINS["batches"](Dataset(urls, "tfrecord", decoder=_decoder()),
+                          lambda d: d.cache(str(tmp_path / "cache"))).to_torch(),
+        batch_size=None, num_workers=2)
+    loader = make()
+    epochs = [[b["x"].tolist() for b in loader] for _ in range(3)]
+    assert epochs[1] != epochs[2]
+    loader = make()  # a new run over the same directory: epochs 0 and 1 from the files
+    for _ in range(2):
+        for _ in loader:
+            pass
+    it = iter(loader)  # epoch 2
+    before = [next(it)["x"].tolist() for _ in range(9)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    gets = _gets(server)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert before + [b["x"].tolist() for b in resumed] == epochs[2]
+    assert _gets(server) == gets
