@@ -55,8 +55,9 @@ class Stage:
     buffers_items = False
     maps_items = False
     parallelism = 1
-    #: True: ``apply`` gets ``blocks=None`` and builds the stages before it itself, if it reads
-    #: them at all (``run.upstream(position, epoch)``): a cache serving a complete epoch.
+    #: True: ``apply`` gets the source end unstarted, in place of the stages before it, and
+    #: builds those itself if it reads them at all (``run.upstream(position, epoch)``): a
+    #: cache that serves a complete epoch starts nothing before it.
     builds_upstream = False
 
     def call(self) -> str:
@@ -277,9 +278,10 @@ class Cache(Stage):
             args.append(f"max_bytes={self.max_bytes}")
         return f".cache({', '.join(args)})"
 
-    def apply(self, blocks: Any, run: Any, position: int) -> Iterator[tuple]:
+    def apply(self, blocks: Iterator[tuple], run: Any, position: int) -> Iterator[tuple]:
         from .cache import cached_blocks
 
+        close_blocks(blocks)  # the source end, unstarted: the cache builds its own upstream
         return cached_blocks(self, run, position)
 
 
