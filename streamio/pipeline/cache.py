@@ -131,7 +131,7 @@ def _array_chunks(value: np.ndarray, name: str, out: list, size: list) -> None:
         else:
             kinds = sorted({type(v).__name__ for v in flat})[:4]
             raise _refuse(f"field {name!r} holds {', '.join(kinds)} objects")
-        head = struct.pack("<Bc B", _OBJECTS, elem, value.ndim)
+        head = struct.pack("<BcB", _OBJECTS, elem, value.ndim)
         lengths = np.fromiter(map(len, parts), np.uint64, len(parts))
         _add(out, size, head + struct.pack(f"<{value.ndim}Q", *value.shape) + lengths.tobytes())
         _add(out, size, b"".join(parts))
@@ -188,8 +188,8 @@ def encode_block(items: list, ids: Optional[np.ndarray]) -> tuple[int, list]:
         return LISTS, out
     if isinstance(first, dict):
         for batch in items:
-            if not isinstance(batch, dict):
-                raise _refuse(f"an item is a {type(batch).__name__}")
+            if not isinstance(batch, dict) or len(batch) > 0xFFFF:
+                raise _refuse(f"an item is a {type(batch).__name__} of {len(batch)} entries")
             _add(out, size, struct.pack("<H", len(batch)))
             for name, value in batch.items():
                 key = str(name).encode("utf-8", "surrogatepass")
