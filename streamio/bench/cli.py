@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffle-buffer", type=_positive, default=DEFAULT_SHUFFLE_BUFFER)
     p.add_argument("--pandas-chunksize", type=_positive, default=DEFAULT_PANDAS_CHUNKSIZE)
     p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help=f"comma-separated subset of {','.join(WORKLOADS)}; or 'images', 'ranges' or 'resume' alone for"
+                   help=f"comma-separated subset of {','.join(WORKLOADS)}; or 'images', 'ranges', 'resume' or 'cache' alone for"
                         " those benchmarks (their options: --workloads NAME --help)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every workload size (0.1 for a quick smoke run)")
@@ -61,9 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: Workloads with options of their own, run alone: ``--workloads images|ranges|resume --help``
+#: Workloads with options of their own, run alone: ``--workloads images|ranges|resume|elastic|cache --help``
 #: (and ``ray``: streamio on Ray Data, in a private network namespace).
-SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray", "elastic")
+SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray", "elastic", "cache")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

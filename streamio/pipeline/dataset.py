@@ -14,6 +14,7 @@ out one by one.
 from __future__ import annotations
 
 import collections
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -27,7 +28,7 @@ from . import resume as _resume
 from .epoch import EpochRun
 from .iterator import EpochIterator
 from .shuffle import new_seed
-from .stages import Batch, Filter, Map, Prefetch, Shuffle, ShuffleBatches, Skip, Stage, Take
+from .stages import Batch, Cache, Filter, Map, Prefetch, Shuffle, ShuffleBatches, Skip, Stage, Take
 from .stats import EpochStats, empty_snapshot
 
 __all__ = ["Dataset", "EpochIterator", "PipelineContext"]
@@ -99,7 +100,7 @@ class Dataset:
     Methods (each returns a new Dataset; the receiver is unchanged): :meth:`shuffle`,
     :meth:`batch`, :meth:`shuffle_batches`, :meth:`map`, :meth:`filter`, :meth:`prefetch`,
     :meth:`shard`, :meth:`skip`,
-    :meth:`take`, :meth:`with_context`. :meth:`stats` describes the latest epoch.
+    :meth:`take`, :meth:`cache`, :meth:`with_context`. :meth:`stats` describes the latest epoch.
 
     Seeds derive from ``(seed, epoch, rank, worker)``: the same seed gives the same orders,
     each epoch its own. The epoch counter belongs to the Dataset object being iterated (its
@@ -360,6 +361,24 @@ class Dataset:
         """Stop each epoch after ``n`` items (records, or batches after :meth:`batch`); the
         source is closed then, without reading the rest."""
         return self.with_stage(Take(_check_int("n", n, 0)))
+
+    def cache(self, directory: Any = None, *, max_bytes: Optional[int] = None) -> "Dataset":
+        """Keep what the stages before this point produce in the first complete epoch, and serve
+        later epochs from it without reading the sources (stages after it run anew each
+        epoch, with its number). ``directory=None`` keeps the items in memory, at most
+        ``max_bytes`` (default 1 GiB) or a :class:`~streamio.UsageError`; a directory keeps one
+        file per reader there (``max_bytes``: a bound on its size, None for none). The stages
+        before the cache always run as epoch 0. Details and limits:
+        :mod:`streamio.pipeline.cache` and docs/resume.md, "Caching a slow stream"."""
+        if directory is not None:
+            if not isinstance(directory, (str, os.PathLike)) or isinstance(
+                    os.fspath(directory), bytes):
+                raise UsageTypeError(f"directory must be a str path or None, not"
+                                     f" {type(directory).__name__}")
+            directory = os.path.abspath(os.fspath(directory))
+        if max_bytes is not None:
+            max_bytes = _check_int("max_bytes", max_bytes, 1)
+        return self.with_stage(Cache(directory, max_bytes))
 
     def shard(self, num_shards: int, index: int) -> "Dataset":
         """Keep shard ``index`` of ``num_shards``: together the shards deliver every record

@@ -25,6 +25,7 @@ workers, :mod:`streamio.sharing`):
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from typing import Any, Iterator, Optional
@@ -125,7 +126,10 @@ class EpochRun:
         blocks: Iterator[tuple] = self.read_blocks()
         self.batched = False
         ff = self.fast_forward
+        first = self.first_stage(len(self.ds._stages))
         for position, stage in enumerate(self.ds._stages):
+            if position < first:
+                continue  # a stage that builds_upstream builds these itself, if it needs them
             blocks = stage.apply(blocks, self, position)
             if ff is not None and ff.mode == "lazy" and ff.position == position:
                 blocks = _resume.mark_and_decode(blocks, ff, self.decode)
@@ -134,6 +138,34 @@ class EpochRun:
         elif ff is not None and ff.mode == "lazy":
             blocks = _resume.drop_skipped(blocks, ff)
         return blocks
+
+    def first_stage(self, stop: int) -> int:
+        """Where the chain of the stages before ``stop`` starts: at the last one that
+        ``builds_upstream`` (a cache that may serve the epoch without reading anything), which
+        gets the source end unstarted and builds the stages before it itself (:meth:`upstream`)
+        only if it reads them, so that nothing before it starts (a source, a prefetch thread);
+        else 0. Sets :attr:`batched` for the stages it leaves out."""
+        stages = self.ds._stages[:stop]
+        first = max((p for p, s in enumerate(stages) if getattr(s, "builds_upstream", False)),
+                    default=0)
+        self.batched = any(s.makes_batches for s in stages[:first])
+        return first
+
+    def upstream(self, position: int, epoch: int, *, track_ids: bool = False
+                 ) -> tuple["EpochRun", Iterator[tuple]]:
+        """``(view, blocks)``: the chain of the stages before ``position``, run as epoch
+        ``epoch``, for a stage that ``builds_upstream``. ``view`` is this run as that epoch
+        (it shares the stats, the source names and the decoder); ``track_ids``: carry record
+        origins even where this run would not. No fast-forward applies before such a stage
+        (its ``item_flow`` is None: a resume skips after it)."""
+        view = copy.copy(self)
+        view.epoch = epoch
+        view.fast_forward = None
+        view.track_ids = self.track_ids or track_ids
+        blocks: Iterator[tuple] = view.read_blocks()
+        for p in range(view.first_stage(position), position):
+            blocks = self.ds._stages[p].apply(blocks, view, p)
+        return view, blocks
 
     def decode_stage(self, blocks: Iterator[tuple], together: bool) -> Iterator[tuple]:
         """The decoder after ``batch()``; a resume's fast-forward skips batches or defers

@@ -35,7 +35,7 @@ from . import parallel
 from .prefetch import Prefetcher
 from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes
 
-__all__ = ["Batch", "Filter", "Map", "Prefetch", "Shuffle", "ShuffleBatches", "Skip", "Stage",
+__all__ = ["Batch", "Cache", "Filter", "Map", "Prefetch", "Shuffle", "ShuffleBatches", "Skip", "Stage",
            "Take", "close_blocks", "describe_stage", "skip_items", "take_items"]
 
 
@@ -55,6 +55,10 @@ class Stage:
     buffers_items = False
     maps_items = False
     parallelism = 1
+    #: True: ``apply`` gets the source end unstarted, in place of the stages before it, and
+    #: builds those itself if it reads them at all (``run.upstream(position, epoch)``): a
+    #: cache that serves a complete epoch starts nothing before it.
+    builds_upstream = False
 
     def call(self) -> str:
         """The stage as the method call that made it: ``.shuffle(10000, seed=0)``."""
@@ -239,6 +243,46 @@ class Take(Stage):
 
     def apply(self, blocks: Iterator[tuple], run: Any, position: int) -> Iterator[tuple]:
         return take_items(blocks, self.n)
+
+
+@dataclass(frozen=True)
+class Cache(Stage):
+    """``Dataset.cache()``: the stages before it run in the first complete epoch only; later
+    epochs are served from what they produced (:mod:`streamio.pipeline.cache`)."""
+
+    directory: Optional[str]  # None: in memory
+    max_bytes: Optional[int]  # None: the memory default; no bound for a directory
+
+    resume_order = "preserve"
+    builds_upstream = True
+    # reads_values and item_flow keep the cautious defaults (True, None): a resume's
+    # fast-forward then skips after the cache, so a replayed filling epoch sees every item.
+
+    def __post_init__(self) -> None:
+        from .cache import MemoryCache
+
+        object.__setattr__(self, "memory", MemoryCache())
+
+    def __getstate__(self) -> dict:
+        # A process the stage is sent to (a DataLoader worker) fills its own memory cache.
+        return {"directory": self.directory, "max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
+    def call(self) -> str:
+        args = [] if self.directory is None else [repr(self.directory)]
+        if self.max_bytes is not None:
+            args.append(f"max_bytes={self.max_bytes}")
+        return f".cache({', '.join(args)})"
+
+    def apply(self, blocks: Iterator[tuple], run: Any, position: int) -> Iterator[tuple]:
+        from .cache import cached_blocks
+
+        close_blocks(blocks)  # the source end, unstarted: the cache builds its own upstream
+        return cached_blocks(self, run, position)
 
 
 # -- how the built-in stages apply ----------------------------------------------------------------

@@ -427,6 +427,41 @@ def resume_state_seeds(rng: random.Random) -> List[bytes]:
     return seeds
 
 
+def cache_file_seeds(rng: random.Random) -> List[bytes]:
+    """Cache files streamio wrote: of records (with their origins), batches of records, and
+    decoded batches (numbers, bytes, str, a sparse field), each small enough for MAX_SEED."""
+    import tempfile
+
+    import streamio
+    from streamio.decoders import Example, FixedLen, VarLen
+
+    data = _stream("tfrecord", [streamio.encode_example({"x": [i], "b": b"q" * (i % 5),
+                                                         "v": [1.5] * (i % 3)})
+                                for i in range(12)])
+    decoder = Example({"x": FixedLen((), np.int64), "b": FixedLen((), "bytes"),
+                       "v": VarLen("float32")})
+    chains = [lambda d: d.cache, lambda d: d.batch(4).cache]
+    seeds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, (dec, chain) in enumerate([(None, chains[0]), (None, chains[1]),
+                                          (decoder, chains[1])]):
+            ds = streamio.Dataset(data, "tfrecord", decoder=dec)
+            if k == 0:
+                ds = ds.map(lambda r: r)  # record origins travel with the records
+            where = f"{tmp}/{k}"
+            list(chain(ds)(where))
+            for name in sorted(Path(where).iterdir()):
+                seeds.append(T.encode_cache_file(name.read_bytes()))
+        import streamio.pipeline.cache as C
+
+        sparse = streamio.SparseBatch(np.array([0, 2]), np.array([0, 3]),
+                                      np.array([1, 2], np.int8), (1, 5))
+        kind, chunks = C.encode_block([{"s": sparse, "t": np.array(["a", "\u00e9"], object)}],
+                                      None)
+        seeds.append(bytes([kind]) + b"".join(bytes(c) for c in chunks))  # a bare block
+    return [s for s in seeds if len(s) <= MAX_SEED]
+
+
 SEEDS = {
     "scan_tfrecords": scan_tfrecords_seeds,
     "scan_recordio": scan_recordio_seeds,
@@ -442,6 +477,7 @@ SEEDS = {
     "parse_index": parse_index_seeds,
     "shared_wire": shared_wire_seeds,
     "resume_state": resume_state_seeds,
+    "cache_file": cache_file_seeds,
 }
 
 

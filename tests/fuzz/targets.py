@@ -767,6 +767,58 @@ def run_resume_state(ck: ModuleType, data: bytes) -> None:
     expect_equal("resumed items", got, epochs[epoch][state["delivered"]:])
 
 
+# --- pure-Python parsers of hostile bytes: cache files ------------------------------------------
+
+def encode_cache_file(data: bytes) -> bytes:
+    """Input: a whole cache file (``Dataset.cache(directory)``), as another local user could
+    have left it in the directory."""
+    return data
+
+
+def _cache_item_ok(item: Any) -> bool:
+    from streamio import SparseBatch
+
+    if isinstance(item, bytes):
+        return True
+    if isinstance(item, list):
+        return all(isinstance(r, bytes) for r in item)
+    if isinstance(item, dict):
+        return all(isinstance(v, SparseBatch) or (
+            isinstance(v, np.ndarray) and (not v.dtype.hasobject or all(
+                isinstance(x, (bytes, str)) for x in v.reshape(-1)))) for v in item.values())
+    return False
+
+
+def run_cache_file(ck: ModuleType, data: bytes) -> None:
+    """No kernel: the cache-file parser (streamio.pipeline.cache.parse_cache) gives the manifest
+    and blocks of records, batches of records or decoded batches (numbers, bytes, str, sparse;
+    never another object), or a CorruptRecordError naming the file; nothing else. What it gives,
+    encoded again, reads back the same."""
+    from streamio.errors import CorruptRecordError
+    from streamio.pipeline import cache as C
+
+    blocks = []
+    try:
+        manifest, blocks = C.parse_cache(data, "fuzz.bin")
+    except CorruptRecordError as exc:
+        expect_equal("error names the file", exc.source, "fuzz.bin")
+    if data:
+        # The block parser behind the checksum (which mutations rarely pass): the first byte
+        # picks the block kind, the rest is the payload.
+        try:
+            blocks.append(C.decode_block(data[0] % 4, bytearray(data[1:]), "fuzz.bin"))
+        except CorruptRecordError as exc:
+            expect_equal("error names the file", exc.source, "fuzz.bin")
+    for items, ids in blocks:
+        if not all(_cache_item_ok(item) for item in items):
+            raise Mismatch(f"the parser made items {[type(i).__name__ for i in items][:4]}")
+        if ids is not None and (ids.dtype != np.int64 or len(ids) != len(items)):
+            raise Mismatch(f"record origins {ids!r:.80} for {len(items)} items")
+        kind, chunks = C.encode_block(items, ids)
+        again = C.decode_block(kind, bytearray(b"".join(bytes(c) for c in chunks)))
+        expect_equal("block read again", repr(again), repr((items, ids)))
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -817,6 +869,8 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
     Target("shared_wire", (), run_shared_wire, ("streamio.sharing._wire",)),
     # No kernel: a checkpoint's resume state (JSON a restarted job reads back).
     Target("resume_state", (), run_resume_state, ("streamio.pipeline.resume",)),
+    # No kernel: a cache file (Dataset.cache(directory)) another local user could have written.
+    Target("cache_file", (), run_cache_file, ("streamio.pipeline.cache",)),
 ]}
 
 
