@@ -21,9 +21,10 @@ operations, never per-record Python:
 
 Blocks grow to the Dataset's ``context.target_max_block_size`` (:func:`read` lowers it to
 :data:`READ_BLOCK_BYTES` on the Dataset it returns, so that consuming overlaps reading) or
-``rows_per_block``: decoded batches are gathered and joined once per block. Errors are streamio's (``FormatError`` with
-source, offset and record; ``SourceError``), raised inside the task; Ray re-raises them in the
-driver as an exception that is also an instance of the streamio class.
+``rows_per_block``: decoded batches are gathered and joined once per block. Errors are
+streamio's (``FormatError`` with source, offset and record; ``SourceError``), raised inside the
+task; Ray re-raises them in the driver as an exception that is also an instance of the streamio
+class.
 
 Single streams (a FIFO, a :class:`~streamio.PipeChannel`, ``"-"``, a pipe file object) are read
 by one task each, and the Datasource says ``supports_distributed_reads = False``, so Ray runs

@@ -28,7 +28,8 @@ from . import resume as _resume
 from .epoch import EpochRun
 from .iterator import EpochIterator
 from .shuffle import new_seed
-from .stages import Batch, Cache, Filter, Map, Prefetch, Shuffle, ShuffleBatches, Skip, Stage, Take
+from .stages import (Batch, Cache, Filter, Map, Prefetch, Shuffle, ShuffleBatches, Skip, Stage,
+                     Take)
 from .stats import EpochStats, empty_snapshot
 
 __all__ = ["Dataset", "EpochIterator", "PipelineContext"]

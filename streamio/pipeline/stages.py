@@ -35,8 +35,8 @@ from . import parallel
 from .prefetch import Prefetcher
 from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes
 
-__all__ = ["Batch", "Cache", "Filter", "Map", "Prefetch", "Shuffle", "ShuffleBatches", "Skip", "Stage",
-           "Take", "close_blocks", "describe_stage", "skip_items", "take_items"]
+__all__ = ["Batch", "Cache", "Filter", "Map", "Prefetch", "Shuffle", "ShuffleBatches", "Skip",
+           "Stage", "Take", "close_blocks", "describe_stage", "skip_items", "take_items"]
 
 
 class Stage:
