@@ -281,6 +281,8 @@ def test_a_mid_epoch_state_of_a_shared_stream_is_refused(tmp_path, fifo):
     job2.load_state_dict(state)
     with pytest.raises(UsageError, match="shared by several readers"):
         list(job2)
+    with open(f"{prefix}_0", "rb") as unread:  # refused before it was opened: let the writer end
+        unread.read()
 
 
 def test_s3_objects_resume_elastically(monkeypatch):
