@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Workloads with options of their own, run alone: ``--workloads images|ranges|resume --help``
 #: (and ``ray``: streamio on Ray Data, in a private network namespace).
-SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray")
+SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray", "mix")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
