@@ -16,8 +16,10 @@ discards the choices drawn after it and draws anew from the others' weights, ren
 the draws happen depends only on which inputs ended where, so this too is a function of the
 inputs).
 
-Cost: per output block (about as long as the inputs' blocks), a few numpy operations (a
-bincount, a stable argsort, object-array placement); no Python work per item. Memory: one output
+Cost: per output block (about as long as the inputs' blocks), a few numpy operations and one
+pass that places the items (``interleave``: the C accelerator's, else
+:func:`interleave_reference`, a stable argsort and object-array placement); no Python work per
+item. Memory: one output
 block being placed (at most ``MAX_SLICE`` items), plus each input's current block.
 
 An input's seeds that were drawn (``shuffle(seed=None)``) are replaced by seeds derived from the
@@ -41,7 +43,8 @@ from .epoch import INDEX_BITS, EpochRun, takes_header
 from .resume import describe_chain, with_seeds
 from .stages import Mix, close_blocks
 
-__all__ = ["STOP_MODES", "MixedDataset", "describe_inputs", "mix", "mix_blocks"]
+__all__ = ["STOP_MODES", "MixedDataset", "describe_inputs", "interleave_reference", "mix",
+           "mix_blocks"]
 
 STOP_MODES = ("first_exhausted", "all_exhausted")
 #: The choices are uint8 input numbers.
@@ -53,6 +56,8 @@ DRAW = 8192
 #: per item, few enough that the records in flight stay modest.
 MIN_SLICE = 256
 MAX_SLICE = 8192
+#: Up to this many inputs, counting each one's choices apart beats np.bincount.
+_FEW_INPUTS = 8
 # Keys the derived input seeds apart from any other use of the mix's seed.
 _INPUT_SEED_SALT = 0x6D6978
 
@@ -297,14 +302,22 @@ def _draw(rng: np.random.Generator, weights: np.ndarray, live: np.ndarray) -> np
     """``DRAW`` choices among the live inputs, by weight, as uint8 input numbers: a uniform
     draw compared with the cumulative weights (cheaper than ``Generator.choice``)."""
     p = np.where(live, weights, 0.0)
-    thresholds = np.cumsum(p / p.sum())[:-1]
+    thresholds = np.cumsum(p / p.sum())[:-1].astype(np.float32)
     last = int(np.flatnonzero(live)[-1])
     thresholds[last:] = np.inf  # rounding never picks an input past the last live one
-    u = rng.random(DRAW)
+    u = rng.random(DRAW, dtype=np.float32)
     choices = np.zeros(DRAW, dtype=np.uint8)
     for threshold in thresholds:  # input k: thresholds[k - 1] <= u < thresholds[k]
         choices += u >= threshold
     return choices
+
+
+def _counts(chosen: np.ndarray, k_all: int) -> np.ndarray:
+    """How many of ``chosen`` name each input (``np.bincount``, which is slow on a uint8 array
+    it first widens, for many inputs)."""
+    if k_all > _FEW_INPUTS:
+        return np.bincount(chosen, minlength=k_all)
+    return np.array([np.count_nonzero(chosen == k) for k in range(k_all)])
 
 
 def _interleave(inputs: list, weights: np.ndarray, stop: str, rng: np.random.Generator,
@@ -322,7 +335,7 @@ def _interleave(inputs: list, weights: np.ndarray, stop: str, rng: np.random.Gen
                 step = min(MAX_SLICE, max([MIN_SLICE, *(s.block_len for s in inputs if s)]))
                 chosen = choices[start:start + step]
                 start += step
-                counts = np.bincount(chosen, minlength=k_all)
+                counts = _counts(chosen, k_all)
                 cut = len(chosen)
                 for k in np.flatnonzero(counts):
                     held = inputs[k].fill(int(counts[k]))
@@ -333,7 +346,7 @@ def _interleave(inputs: list, weights: np.ndarray, stop: str, rng: np.random.Gen
                 if cut:
                     if cut < len(chosen):
                         chosen = chosen[:cut]
-                        counts = np.bincount(chosen, minlength=k_all)
+                        counts = _counts(chosen, k_all)
                     yield _place(inputs, chosen, counts, track)
             if ended is None:
                 continue
@@ -351,18 +364,52 @@ def _interleave(inputs: list, weights: np.ndarray, stop: str, rng: np.random.Gen
 
 def _place(inputs: list, chosen: np.ndarray, counts: np.ndarray, track: bool) -> tuple:
     """The block of items for the choices ``chosen``: each input's next items, in the choices'
-    order (object-array placement, no Python loop per item)."""
+    order (no Python loop per item)."""
     present = np.flatnonzero(counts)
-    parts = [inputs[k].take(int(counts[k])) for k in present]
-    if len(parts) == 1:
-        return parts[0]
-    n = len(chosen)
-    order = np.argsort(chosen, kind="stable")  # grouped by input, in order within each
-    out = np.empty(n, dtype=object)
-    out[order] = np.fromiter(itertools.chain.from_iterable(p[0] for p in parts), dtype=object,
-                             count=n)
+    if len(present) == 1:
+        return inputs[present[0]].take(int(counts[present[0]]))
+    parts = [inputs[k].take(int(counts[k])) if counts[k] else ([], None)
+             for k in range(len(inputs))]
+    items = _INTERLEAVE(chosen, [p[0] for p in parts])
     ids = None
     if track:
-        ids = np.empty(n, dtype=np.int64)
-        ids[order] = np.concatenate([p[1] for p in parts])
-    return out.tolist(), ids
+        ids = np.empty(len(chosen), dtype=np.int64)
+        ids[np.argsort(chosen, kind="stable")] = np.concatenate([p[1] for p in parts
+                                                                 if p[1] is not None])
+    return items, ids
+
+
+def interleave_reference(choices: np.ndarray, parts: list) -> list:
+    """``out[t]`` is the next item of ``parts[choices[t]]`` (``choices``: uint8 part numbers;
+    ``parts[k]``: a list holding exactly as many items as ``choices`` names ``k``). The
+    specification of the C kernel ``_speedups.interleave``: same results, same errors."""
+    choices = np.frombuffer(choices, dtype=np.uint8)
+    if not isinstance(parts, list):
+        raise TypeError("interleave() argument 2 must be list")
+    if len(parts) > 256:
+        raise ValueError(f"at most 256 parts, not {len(parts)}")
+    counts = np.bincount(choices, minlength=256)
+    beyond = np.flatnonzero(counts[len(parts):])
+    if len(beyond):
+        raise ValueError(f"choice {len(parts) + beyond[0]} names no part ({len(parts)} parts)")
+    for k, part in enumerate(parts):
+        if not isinstance(part, list):
+            raise TypeError(f"parts[{k}] must be a list")
+        if len(part) != counts[k]:
+            raise ValueError(f"parts[{k}] holds {len(part)} items for {counts[k]} choices")
+    out = np.empty(len(choices), dtype=object)
+    # Grouped by part, in order within each: where the concatenated parts go.
+    out[np.argsort(choices, kind="stable")] = np.fromiter(
+        itertools.chain.from_iterable(parts), dtype=object, count=len(choices))
+    return out.tolist()
+
+
+def _fast_interleave() -> Any:
+    try:
+        from .. import _speedups
+    except ImportError:
+        return interleave_reference
+    return getattr(_speedups, "interleave", interleave_reference)
+
+
+_INTERLEAVE = _fast_interleave()

@@ -22,7 +22,7 @@ def test_all_is_sorted_and_complete():
         assert hasattr(streamio, name), name
     for name in ["read_records", "write_records", "PipeChannel", "StreamioError", "FormatError",
                  "CorruptRecordError", "TruncatedStreamError", "RecordTooLargeError",
-                 "SourceError"]:
+                 "SourceError", "mix"]:
         assert name in streamio.__all__
 
 
