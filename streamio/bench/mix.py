@@ -1,13 +1,15 @@
 """What mixing costs: ``streamio bench --workloads mix``.
 
 Writes two TFRecord files of tf.train.Example records (the benchmark's: ``x`` float32[32],
-``label``), ``a`` with 3/4 of ``--records`` and ``b`` with the rest, and times one epoch of
+``label``; 178 bytes), ``a`` with 3/4 of ``--records`` and ``b`` with the rest, and times one
+epoch of
 
 - ``alone``: ``Dataset([a, b])``, the two files read one after the other;
 - ``mixed``: ``streamio.mix([Dataset(a), Dataset(b)], [0.75, 0.25], stop="all_exhausted")``,
 
-the same records either way, in two pipelines: ``raw`` (records, no decoder) and ``decoded``
-(the Example decoder, ``batch(256)``). Each round times both (in alternating order); the
+the same records either way, in three pipelines: ``raw`` (records, no decoder), ``decoded``
+(the Example decoder, ``batch(256)``) and ``raw-16k`` (``--large-records`` records of 16 KiB,
+split the same way: per-record costs that dwarf the placement). Each round times both (in alternating order); the
 report gives the median of the per-round ratios mixed / alone (the target: at most 1.10) and
 the median times.
 """
@@ -38,6 +40,9 @@ def _epoch_s(ds: streamio.Dataset) -> tuple:
     return time.perf_counter() - t0, items
 
 
+LARGE_RECORD = 16 * 1024
+
+
 def _pipelines(a: str, b: str, decoded: bool) -> tuple:
     decoder = example_decoder() if decoded else None
     alone = streamio.Dataset([a, b], "tfrecord", decoder=decoder)
@@ -49,40 +54,53 @@ def _pipelines(a: str, b: str, decoded: bool) -> tuple:
     return alone, mixed
 
 
+def _write_pair(tmp: str, name: str, records: list) -> tuple:
+    split = len(records) * 3 // 4
+    a, b = os.path.join(tmp, f"{name}-a.tfrecord"), os.path.join(tmp, f"{name}-b.tfrecord")
+    streamio.write_records(a, "tfrecord", records[:split])
+    streamio.write_records(b, "tfrecord", records[split:])
+    return a, b
+
+
+def _measure(alone: streamio.Dataset, mixed: streamio.Dataset, rounds: int) -> tuple:
+    """Median alone and mixed epoch times and the median of the per-round ratios."""
+    _epoch_s(alone), _epoch_s(mixed)  # warm the page cache and the decoder
+    times: dict = {"alone": [], "mixed": []}
+    ratios = []
+    for r in range(rounds):
+        order = ("alone", "mixed") if r % 2 == 0 else ("mixed", "alone")
+        got = {kind: _epoch_s(alone if kind == "alone" else mixed) for kind in order}
+        if got["alone"][1] != got["mixed"][1]:
+            raise SystemExit(f"the mix delivered {got['mixed'][1]} items, the inputs alone"
+                             f" {got['alone'][1]}")
+        for kind in times:
+            times[kind].append(got[kind][0])
+        ratios.append(got["mixed"][0] / got["alone"][0])
+    return (statistics.median(times["alone"]), statistics.median(times["mixed"]),
+            statistics.median(ratios))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=400_000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--large-records", type=int, default=8000)
+    parser.add_argument("--rounds", type=int, default=11)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         payloads, _, _ = example_payloads(args.records, np.random.default_rng(0))
-        records = [bytes(p) for p in payloads]
-        split = args.records * 3 // 4
-        a, b = os.path.join(tmp, "a.tfrecord"), os.path.join(tmp, "b.tfrecord")
-        streamio.write_records(a, "tfrecord", records[:split])
-        streamio.write_records(b, "tfrecord", records[split:])
-        del records, payloads
-        print(f"{args.records} Example records ({split} + {args.records - split}), weights"
-              f" [0.75, 0.25], stop='all_exhausted'; {args.rounds} rounds, medians")
+        a, b = _write_pair(tmp, "examples", [bytes(p) for p in payloads])
+        del payloads
+        rng = np.random.default_rng(1)
+        big_a, big_b = _write_pair(tmp, "large", [rng.bytes(LARGE_RECORD)
+                                                  for _ in range(args.large_records)])
+        print(f"{args.records} Example records and {args.large_records} of 16 KiB, 3/4 in a,"
+              f" 1/4 in b; weights [0.75, 0.25], stop='all_exhausted'; {args.rounds} rounds,"
+              " medians")
         print(f"{'pipeline':9} {'alone_s':>8} {'mixed_s':>8} {'ratio':>6}")
-        for name, decoded in (("raw", False), ("decoded", True)):
-            alone, mixed = _pipelines(a, b, decoded)
-            _epoch_s(alone), _epoch_s(mixed)  # warm the page cache and the decoder
-            times: dict = {"alone": [], "mixed": []}
-            ratios = []
-            for r in range(args.rounds):
-                order = ("alone", "mixed") if r % 2 == 0 else ("mixed", "alone")
-                got = {}
-                for kind in order:
-                    got[kind] = _epoch_s(alone if kind == "alone" else mixed)
-                if got["alone"][1] != got["mixed"][1]:
-                    raise SystemExit(f"the mix delivered {got['mixed'][1]} items, the inputs"
-                                     f" alone {got['alone'][1]}")
-                for kind in times:
-                    times[kind].append(got[kind][0])
-                ratios.append(got["mixed"][0] / got["alone"][0])
-            print(f"{name:9} {statistics.median(times['alone']):8.3f}"
-                  f" {statistics.median(times['mixed']):8.3f} {statistics.median(ratios):6.2f}")
+        cases = (("raw", a, b, False), ("decoded", a, b, True), ("raw-16k", big_a, big_b, False))
+        for name, first, second, decoded in cases:
+            alone_s, mixed_s, ratio = _measure(*_pipelines(first, second, decoded), args.rounds)
+            print(f"{name:9} {alone_s:8.3f} {mixed_s:8.3f} {ratio:6.2f}")
     return 0
 
 

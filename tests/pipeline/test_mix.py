@@ -167,6 +167,25 @@ def test_different_decoders_give_batches_of_records_and_batched_inputs_mix_batch
         batched.batch(4)
 
 
+def test_csv_inputs_with_a_header_share_their_decoder_and_the_stats_count_both(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("x,y\n" + "".join(f"{i},{i % 3}\n" for i in range(1000)))
+    b.write_text("x,y\n" + "".join(f"{i + 5000},{i % 3}\n" for i in range(300)))
+    decoder = streamio.Csv(header=True)
+    mixed = streamio.mix([streamio.Dataset(str(a), "csv", decoder=decoder),
+                          streamio.Dataset(str(b), "csv", decoder=decoder)], seed=0,
+                         stop="all_exhausted").batch(100)
+    rows = np.concatenate([batch["features"] for batch in mixed])
+    assert sorted(rows[:, 0].astype(int)) == list(range(1000)) + list(range(5000, 5300))
+    stats = mixed.stats()
+    assert stats["records"] == 1300 and stats["batches"] == 13
+    assert stats["sources_opened"] == 2 and stats["bytes"] == a.stat().st_size + b.stat().st_size
+    # Different headers cannot share one decoder: the second is named.
+    b.write_text("x,z\n1,2\n")
+    with pytest.raises(DecodeError, match="header differs"):
+        list(mixed)
+
+
 def test_a_mix_of_mixes_and_a_shuffle_after_the_mix(ab, tmp_path):
     a, b = ab
     c = _lines(tmp_path / "c.lines", "c", 5000)
