@@ -9,9 +9,9 @@ epoch of
 
 the same records either way, in three pipelines: ``raw`` (records, no decoder), ``decoded``
 (the Example decoder, ``batch(256)``) and ``raw-16k`` (``--large-records`` records of 16 KiB,
-split the same way: per-record costs that dwarf the placement). Each round times both (in alternating order); the
-report gives the median of the per-round ratios mixed / alone (the target: at most 1.10) and
-the median times.
+split the same way: per-record costs that dwarf the placement). Each round times both (in
+alternating order); the report gives the median of the per-round ratios mixed / alone (the
+target: at most 1.10) and the median times.
 """
 
 from __future__ import annotations

@@ -277,7 +277,7 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
     ctx = ds.context
     run.batched = stage.makes_batches
     track = run.track_ids and not run.batched
-    inputs: list = []
+    plans: list = []  # (input's Dataset for this epoch and reader, its first source number)
     base = 0
     for k, inp in enumerate(stage.inputs):
         if stage.weights[k] > 0:  # an input of weight 0 is never chosen: not opened
@@ -285,17 +285,16 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
                                     worker=ctx.worker, num_workers=ctx.num_workers)
             for num_shards, index in ds._round_robin:
                 plan = plan.shard(num_shards, index)
-            plan = with_seeds(plan, _input_seeds(stage.seed, k, plan))
-            inputs.append(_Input(plan, run, base, track))
+            plans.append((with_seeds(plan, _input_seeds(stage.seed, k, plan)), base))
         else:
-            inputs.append(None)
+            plans.append(None)
         base += _source_slots(inp)
     layers = [x for layer in ds._round_robin for x in layer]
     sequence = np.random.SeedSequence(int(stage.seed), spawn_key=(
         run.epoch, ctx.rank, ctx.worker, position, *layers))
     rng = np.random.Generator(np.random.PCG64(sequence))
-    return _interleave(inputs, np.asarray(stage.weights, dtype=np.float64), stage.stop, rng,
-                       track)
+    return _interleave(plans, run, np.asarray(stage.weights, dtype=np.float64), stage.stop,
+                       rng, track)
 
 
 def _draw(rng: np.random.Generator, weights: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -320,11 +319,17 @@ def _counts(chosen: np.ndarray, k_all: int) -> np.ndarray:
     return np.array([np.count_nonzero(chosen == k) for k in range(k_all)])
 
 
-def _interleave(inputs: list, weights: np.ndarray, stop: str, rng: np.random.Generator,
-                track: bool) -> Iterator[tuple]:
-    k_all = len(inputs)
+def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
+                rng: np.random.Generator, track: bool) -> Iterator[tuple]:
+    k_all = len(plans)
     live = weights > 0
+    inputs: list = [None] * k_all
     try:
+        # Built here, not when the epoch's chain is: a closed generator that never started
+        # runs no finally, and an input's prefetch thread starts when it is built.
+        for k, plan in enumerate(plans):
+            if plan is not None:
+                inputs[k] = _Input(plan[0], run, plan[1], track)
         while live.any():
             choices = _draw(rng, weights, live)
             ended = None

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from streamio.pipeline.mix import interleave_reference
 
-speedups = pytest.importorskip("streamio._speedups",
-                               reason="C accelerator not built (python setup.py build_ext --inplace)")
+speedups = pytest.importorskip(
+    "streamio._speedups", reason="C accelerator not built (python setup.py build_ext --inplace)")
 
 SLOW_OK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                          HealthCheck.data_too_large])
