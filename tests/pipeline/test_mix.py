@@ -352,6 +352,15 @@ def test_to_tf_reads_a_mix(examples):
     assert isinstance(tf.constant(1), tf.Tensor)
 
 
+def test_splitting_a_mix_into_source_parts_is_refused_not_empty(examples):
+    from streamio.pipeline.splits import plan_parts
+
+    a, b = examples
+    mixed = streamio.mix([streamio.Dataset(a, "tfrecord"), streamio.Dataset(b, "tfrecord")])
+    with pytest.raises(UsageError, match="mix"):
+        plan_parts(mixed, 2)  # what streamio.ray reads: it would have found no sources
+
+
 # -- errors ---------------------------------------------------------------------------------------
 def test_a_corrupt_record_in_an_input_raises_its_error_after_the_items_before_it(tmp_path,
                                                                                examples):
