@@ -274,6 +274,9 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
     """The :class:`~streamio.pipeline.stages.Mix` stage's blocks: its inputs interleaved."""
     close_blocks(blocks)  # the source end of a mix is empty: its records come from the inputs
     ds = run.ds
+    if position != 0 or ds._all_sources:
+        raise UsageError("a Mix stage is the first stage of a Dataset made by streamio.mix(),"
+                         " not a stage to add to another Dataset")
     ctx = ds.context
     run.batched = stage.makes_batches
     track = run.track_ids and not run.batched
