@@ -54,7 +54,7 @@ DRAW = 8192
 #: Items placed per output block: about the inputs' own block length (a reader's block is
 #: bounded in bytes), within these bounds: enough that the per-block numpy calls cost little
 #: per item, few enough that the records in flight stay modest.
-MIN_SLICE = 256
+MIN_SLICE = 64
 MAX_SLICE = 8192
 #: Up to this many inputs, counting each one's choices apart beats np.bincount.
 _FEW_INPUTS = 8
