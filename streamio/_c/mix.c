@@ -8,17 +8,19 @@
  * ------------------------------------------------------------------------------------------- */
 
 PyDoc_STRVAR(interleave_doc,
-"interleave(choices, parts) -> list\n\n"
-"out[t] is the next item of parts[choices[t]]: choices a contiguous buffer of uint8 part\n"
-"numbers, parts a list of lists, parts[k] holding exactly as many items as choices name k.");
+"interleave(choices, parts, starts) -> list\n\n"
+"out[t] is the next item of parts[choices[t]], starting at parts[k][starts[k]]: choices a\n"
+"contiguous buffer of uint8 part numbers, parts a list of lists, starts a list of ints, one\n"
+"per part; parts[k] holds at least as many items from starts[k] on as choices name k.");
 
 static PyObject *py_interleave(PyObject *self, PyObject *args)
 {
-    PyObject *choices_obj, *parts, *out = NULL;
+    PyObject *choices_obj, *parts, *starts, *out = NULL;
     Py_buffer view = {0};
     Py_ssize_t counts[256] = {0}, taken[256] = {0};
     PyObject **items[256];
-    if (!PyArg_ParseTuple(args, "OO!:interleave", &choices_obj, &PyList_Type, &parts))
+    if (!PyArg_ParseTuple(args, "OO!O!:interleave", &choices_obj, &PyList_Type, &parts,
+                          &PyList_Type, &starts))
         return NULL;
     if (PyObject_GetBuffer(choices_obj, &view, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
@@ -46,18 +48,30 @@ static PyObject *py_interleave(PyObject *self, PyObject *args)
             goto fail;
         }
     }
+    if (PyList_GET_SIZE(starts) != nparts) {
+        PyErr_Format(PyExc_ValueError, "starts has %zd entries for %zd parts",
+                     PyList_GET_SIZE(starts), nparts);
+        goto fail;
+    }
     for (Py_ssize_t k = 0; k < nparts; k++) {
-        PyObject *part = PyList_GET_ITEM(parts, k);
+        PyObject *part = PyList_GET_ITEM(parts, k), *start_obj = PyList_GET_ITEM(starts, k);
         if (!PyList_Check(part)) {
             PyErr_Format(PyExc_TypeError, "parts[%zd] must be a list", k);
             goto fail;
         }
-        if (PyList_GET_SIZE(part) != counts[k]) {
-            PyErr_Format(PyExc_ValueError, "parts[%zd] holds %zd items for %zd choices", k,
-                         PyList_GET_SIZE(part), counts[k]);
+        if (!PyLong_CheckExact(start_obj)) {
+            PyErr_Format(PyExc_TypeError, "starts[%zd] must be an int", k);
             goto fail;
         }
-        items[k] = PySequence_Fast_ITEMS(part);
+        Py_ssize_t start = PyLong_AsSsize_t(start_obj), size = PyList_GET_SIZE(part);
+        if (start == -1 && PyErr_Occurred())
+            goto fail;
+        if (start < 0 || start > size || size - start < counts[k]) {
+            PyErr_Format(PyExc_ValueError, "parts[%zd] holds %zd items from %zd for %zd choices",
+                         k, size, start, counts[k]);
+            goto fail;
+        }
+        items[k] = PySequence_Fast_ITEMS(part) + start;
     }
     for (Py_ssize_t t = 0; t < n; t++) {
         unsigned char k = choices[t];

@@ -376,39 +376,53 @@ def _place(inputs: list, chosen: np.ndarray, counts: np.ndarray, track: bool) ->
     present = np.flatnonzero(counts)
     if len(present) == 1:
         return inputs[present[0]].take(int(counts[present[0]]))
-    parts = [inputs[k].take(int(counts[k])) if counts[k] else ([], None)
-             for k in range(len(inputs))]
-    items = _INTERLEAVE(chosen, [p[0] for p in parts])
+    parts, starts = [], []
+    for source in inputs:  # the items stay in the inputs' lists: interleave reads them there
+        parts.append(_NOTHING if source is None else source.items)
+        starts.append(0 if source is None else source.pos)
+    items = _INTERLEAVE(chosen, parts, starts)
     ids = None
     if track:
         ids = np.empty(len(chosen), dtype=np.int64)
-        ids[np.argsort(chosen, kind="stable")] = np.concatenate([p[1] for p in parts
-                                                                 if p[1] is not None])
+        ids[np.argsort(chosen, kind="stable")] = np.concatenate(
+            [inputs[k].ids[starts[k]:starts[k] + counts[k]] for k in present])
+    for k in present:
+        inputs[k].pos += int(counts[k])
     return items, ids
 
 
-def interleave_reference(choices: np.ndarray, parts: list) -> list:
-    """``out[t]`` is the next item of ``parts[choices[t]]`` (``choices``: uint8 part numbers;
-    ``parts[k]``: a list holding exactly as many items as ``choices`` names ``k``). The
-    specification of the C kernel ``_speedups.interleave``: same results, same errors."""
+_NOTHING: list = []
+
+
+def interleave_reference(choices: np.ndarray, parts: list, starts: list) -> list:
+    """``out[t]`` is the next item of ``parts[choices[t]]``, starting at
+    ``parts[k][starts[k]]`` (``choices``: uint8 part numbers; ``parts[k]``: a list holding at
+    least as many items from ``starts[k]`` on as ``choices`` names ``k``). The specification of
+    the C kernel ``_speedups.interleave``: same results, same errors."""
     choices = np.frombuffer(choices, dtype=np.uint8)
-    if not isinstance(parts, list):
-        raise TypeError("interleave() argument 2 must be list")
+    if not isinstance(parts, list) or not isinstance(starts, list):
+        raise TypeError("interleave() arguments 2 and 3 must be lists")
     if len(parts) > 256:
         raise ValueError(f"at most 256 parts, not {len(parts)}")
     counts = np.bincount(choices, minlength=256)
     beyond = np.flatnonzero(counts[len(parts):])
     if len(beyond):
         raise ValueError(f"choice {len(parts) + beyond[0]} names no part ({len(parts)} parts)")
-    for k, part in enumerate(parts):
+    if len(starts) != len(parts):
+        raise ValueError(f"starts has {len(starts)} entries for {len(parts)} parts")
+    for k, (part, start) in enumerate(zip(parts, starts)):
         if not isinstance(part, list):
             raise TypeError(f"parts[{k}] must be a list")
-        if len(part) != counts[k]:
-            raise ValueError(f"parts[{k}] holds {len(part)} items for {counts[k]} choices")
+        if type(start) is not int:
+            raise TypeError(f"starts[{k}] must be an int")
+        if not 0 <= start <= len(part) or len(part) - start < counts[k]:
+            raise ValueError(f"parts[{k}] holds {len(part)} items from {start} for {counts[k]}"
+                             " choices")
+    taken = [part[start:start + count] for part, start, count in zip(parts, starts, counts)]
     out = np.empty(len(choices), dtype=object)
     # Grouped by part, in order within each: where the concatenated parts go.
     out[np.argsort(choices, kind="stable")] = np.fromiter(
-        itertools.chain.from_iterable(parts), dtype=object, count=len(choices))
+        itertools.chain.from_iterable(taken), dtype=object, count=len(choices))
     return out.tolist()
 
 

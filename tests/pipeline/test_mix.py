@@ -73,6 +73,21 @@ def test_every_window_of_20000_items_holds_the_weights_within_2_percent(tmp_path
         assert 0.73 <= share.min() and share.max() <= 0.77, (seed, share.min(), share.max())
 
 
+def test_the_numpy_fallback_places_items_as_the_c_kernel_does(ab, monkeypatch):
+    """Without the C accelerator the mix is the same (its reference places the items)."""
+    from streamio.pipeline import mix as mix_module
+
+    a, b = ab
+
+    def epoch():
+        inputs = [streamio.Dataset(a, "lines").shuffle(100, seed=1), streamio.Dataset(b, "lines")]
+        return list(streamio.mix(inputs, [0.6, 0.4], seed=3, stop="all_exhausted").batch(7))
+
+    fast = epoch()
+    monkeypatch.setattr(mix_module, "_INTERLEAVE", mix_module.interleave_reference)
+    assert epoch() == fast
+
+
 def test_weights_are_relative_and_equal_by_default(ab):
     a, b = ab
     inputs = [streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")]
