@@ -253,6 +253,30 @@ def test_a_resumed_epoch_is_exactly_the_rest_of_the_uninterrupted_one(examples, 
             assert sorted(key(items)) == list(range(6000)) + list(range(100000, 102000))
 
 
+def test_load_state_dict_and_a_torch_reader_resume_a_mix(examples):
+    a, b = examples
+    it = iter(_resumable(a, b, None, "batched"))
+    items = [next(it) for _ in range(40)]
+    state = it.state_dict()
+    items += list(it)
+    again = _resumable(a, b, None, "batched")
+    again.load_state_dict(json.loads(json.dumps(state)))
+    assert _ids(items[:40] + list(again)) == _ids(items)
+    torch = pytest.importorskip("torch")
+    loader = torch.utils.data.DataLoader(_resumable(a, b, 5, "batched").to_torch(),
+                                         batch_size=None)
+    whole = [int(i) for batch in loader for i in batch["id"]]
+    reader = _resumable(a, b, 5, "batched").to_torch()
+    batches = iter(torch.utils.data.DataLoader(reader, batch_size=None))
+    head = [int(i) for _ in range(30) for i in next(batches)["id"]]
+    saved = reader.state_dict()
+    fresh = _resumable(a, b, 5, "batched").to_torch()  # as a restarted job builds it
+    fresh.load_state_dict(saved)
+    rest = [int(i) for batch in torch.utils.data.DataLoader(fresh, batch_size=None)
+            for i in batch["id"]]
+    assert head + rest == whole
+
+
 def test_a_state_of_another_mix_is_refused(examples, tmp_path):
     a, b = examples
     c = write_id_examples(tmp_path / "c.tfrecord", range(50))
