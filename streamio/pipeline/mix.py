@@ -56,7 +56,8 @@ DRAW = 8192
 #: per item, few enough that the records in flight stay modest.
 MIN_SLICE = 64
 MAX_SLICE = 8192
-#: Up to this many inputs, counting each one's choices apart beats np.bincount.
+#: Up to this many inputs, counting each one's choices apart beats np.bincount (and a mask per
+#: input a stable argsort).
 _FEW_INPUTS = 8
 # Keys the derived input seeds apart from any other use of the mix's seed.
 _INPUT_SEED_SALT = 0x6D6978
@@ -243,7 +244,9 @@ class _Input:
             if self.track:
                 if ids is None:  # no origins from this input: name its first source
                     ids = np.zeros(len(items), np.int64)
-                ids = np.asarray(ids, np.int64) + (self.base << INDEX_BITS)
+                ids = np.asarray(ids, np.int64)
+                if self.base:
+                    ids = ids + (self.base << INDEX_BITS)
                 self.ids = np.concatenate([self.ids[self.pos:], ids]) if held else ids
             self.pos = 0
             held = len(self.items)
@@ -384,8 +387,12 @@ def _place(inputs: list, chosen: np.ndarray, counts: np.ndarray, track: bool) ->
     ids = None
     if track:
         ids = np.empty(len(chosen), dtype=np.int64)
-        ids[np.argsort(chosen, kind="stable")] = np.concatenate(
-            [inputs[k].ids[starts[k]:starts[k] + counts[k]] for k in present])
+        taken = [inputs[k].ids[starts[k]:starts[k] + counts[k]] for k in present]
+        if len(inputs) > _FEW_INPUTS:
+            ids[np.argsort(chosen, kind="stable")] = np.concatenate(taken)
+        else:  # a mask per input is cheaper than a stable sort
+            for k, part in zip(present, taken):
+                ids[chosen == k] = part
     for k in present:
         inputs[k].pos += int(counts[k])
     return items, ids
