@@ -16,6 +16,7 @@ SPEEDUPS_SOURCES = [
     "streamio/_c/pb_recordio.c",
     "streamio/_c/csv.c",
     "streamio/_c/shuffle.c",
+    "streamio/_c/mix.c",
     "streamio/_c/resample.c",
     "streamio/_c/resample_x86.c",
 ]

@@ -15,6 +15,7 @@ from .errors import (CorruptRecordError, DecodeError, FormatError, MapError,
                      MissingDependencyError, RecordTooLargeError, SourceError, StreamioError,
                      TruncatedStreamError, UsageError, UsageTypeError)
 from .pipeline import Dataset
+from .pipeline.mix import mix
 from .reader import RecordReader, read_records, write_recordio_protobuf, write_records
 from .sources import PipeChannel
 from .tools.diagnose import diagnose
@@ -52,6 +53,7 @@ __all__ = [
     "encode_example",
     "encode_image_record",
     "errors",
+    "mix",
     "pack",
     "read_records",
     "write_recordio_protobuf",

@@ -45,7 +45,7 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC PyInit__speedups(void)
 {
     PyMethodDef *families[] = {crc_methods, framing_methods, example_methods, recordio_methods,
-                               csv_methods, shuffle_methods, resample_methods};
+                               csv_methods, shuffle_methods, resample_methods, mix_methods};
     crc_init();
     resample_init();
     PyObject *m = PyModule_Create(&speedups_module);

@@ -21,7 +21,7 @@ from ..errors import UsageError
 from ..sources import ByteSource, PipeChannel, source_name
 from ..sources.schemes import local_path
 
-__all__ = ["check_splittable", "is_single_stream"]
+__all__ = ["check_splittable", "is_single_stream", "source_groups"]
 
 
 def is_single_stream(source: Any) -> bool:
@@ -43,6 +43,15 @@ def is_single_stream(source: Any) -> bool:
         except OSError:
             return False  # missing: the reader will raise a SourceError that names it
     return True  # a file object
+
+
+def source_groups(dataset: Any) -> list:
+    """The groups of sources that readers split one by one: a Dataset's sources, or for a mix
+    (:func:`streamio.mix`, whose ``inputs`` each reader shards) each input's."""
+    inputs = getattr(dataset, "inputs", None)
+    if inputs is None:
+        return [tuple(dataset.sources)]
+    return [group for inp in inputs for group in source_groups(inp)]
 
 
 def check_splittable(sources: Sequence[Any], readers: int, who: str, fix: str) -> None:

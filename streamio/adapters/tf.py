@@ -61,7 +61,7 @@ from ..decoders.sparse import SparseBatch
 from ..decoders.spec import FieldSpec
 from ..errors import UsageError, require
 from ..errors import UsageTypeError
-from . import check_splittable
+from . import check_splittable, source_groups
 
 tf = require("tensorflow", "tf")
 
@@ -431,9 +431,10 @@ def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = 
             raise UsageTypeError("input_context must be a tf.distribute.InputContext, not"
                             f" {type(input_context).__name__}") from None
         if world_size > 1:
-            check_splittable(tuple(dataset.sources), world_size,
-                             f"{world_size} tf.distribute input pipelines",
-                             "read it in one input pipeline")
+            for group in source_groups(dataset):  # a mix: each pipeline shards every input
+                check_splittable(group, world_size,
+                                 f"{world_size} tf.distribute input pipelines",
+                                 "read it in one input pipeline")
             dataset = dataset.shard(world_size, rank)
     batched = getattr(dataset, "batch_size", None) is not None
     # Without batch() items are raw records whatever the decoder (it decodes batches).

@@ -94,7 +94,7 @@ from ..errors import UsageError, UsageTypeError, require
 from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sharing import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
 from ..sources import PipeChannel
-from . import check_splittable, is_single_stream
+from . import check_splittable, is_single_stream, source_groups
 from ._torch_device import (DEFAULT_DEPTH, DEFAULT_EVEN_BATCHES, DevicePrefetcher, even_batches,
                             to_device)
 from ._torch_transport import _for_transport, convert_batch
@@ -364,9 +364,10 @@ class StreamDataset(torch.utils.data.IterableDataset):
             ds = self._plan_shared(ds, epoch, rank, world_size, worker, num_workers, local_rank,
                                    local_world_size)
         elif readers > 1:
-            check_splittable(sources, readers,
-                             f"{world_size} rank(s) x {num_workers} DataLoader worker(s)",
-                             "use DataLoader(num_workers=0) on a single process")
+            for group in source_groups(self.dataset):  # a mix: each reader shards every input
+                check_splittable(group, readers,
+                                 f"{world_size} rank(s) x {num_workers} DataLoader worker(s)",
+                                 "use DataLoader(num_workers=0) on a single process")
             ds = ds.shard(readers, rank * num_workers + worker)
         for i, start in self._channel_starts.items():
             sources[i].epoch = start + epoch - self._channel_shift

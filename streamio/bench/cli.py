@@ -61,9 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-#: Workloads with options of their own, run alone: ``--workloads images|ranges|resume|elastic|cache --help``
-#: (and ``ray``: streamio on Ray Data, in a private network namespace).
-SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray", "elastic", "cache")
+#: Workloads with options of their own, run alone: ``--workloads
+#: images|ranges|resume|elastic|cache|mix --help`` (and ``ray``: streamio on Ray Data, in a
+#: private network namespace).
+SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray", "elastic", "cache", "mix")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

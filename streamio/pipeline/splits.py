@@ -67,6 +67,9 @@ def plan_parts(ds: Dataset, n: int, *, single_stream: Any = None) -> list:
     sources than parts (a stat, or one request)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise UsageError(f"the number of parts must be an int >= 1, not {n!r}")
+    if getattr(ds, "inputs", None) is not None:  # streamio.mix: no sources of its own
+        raise UsageError("a mix (streamio.mix) cannot be split into parts of its sources: read"
+                         " it as one Dataset, or split each input and mix in each part")
     sources = list(ds.sources)
     if len(sources) >= n:
         sizes = [_size_of(s) for s in sources]

@@ -27,7 +27,7 @@ appends it (``self.with_stage(MyStage(...))``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from .._util import close_iterator as close_blocks
@@ -35,8 +35,8 @@ from . import parallel
 from .prefetch import Prefetcher
 from .shuffle import ShuffleBuffer, derive_rng, estimate_nbytes
 
-__all__ = ["Batch", "Cache", "Filter", "Map", "Prefetch", "Shuffle", "ShuffleBatches", "Skip",
-           "Stage", "Take", "close_blocks", "describe_stage", "skip_items", "take_items"]
+__all__ = ["Batch", "Cache", "Filter", "Map", "Mix", "Prefetch", "Shuffle", "ShuffleBatches",
+           "Skip", "Stage", "Take", "close_blocks", "describe_stage", "skip_items", "take_items"]
 
 
 class Stage:
@@ -283,6 +283,59 @@ class Cache(Stage):
 
         close_blocks(blocks)  # the source end, unstarted: the cache builds its own upstream
         return cached_blocks(self, run, position)
+
+
+@dataclass(frozen=True)
+class Mix(Stage):
+    """``streamio.mix(inputs, weights, seed=, stop=)``: the first stage of a Dataset without
+    sources of its own; it reads its inputs' epochs and interleaves their items by weight
+    (:mod:`streamio.pipeline.mix`)."""
+
+    inputs: tuple  # the input Datasets
+    weights: tuple  # floats summing to 1
+    seed: int
+    stop: str  # "first_exhausted" or "all_exhausted"
+    seed_drawn: bool = False
+    # What the inputs are, for the chain digest (each input's own chain and given seeds): the
+    # digest describes a field it cannot read into (a Dataset) by its type name only.
+    inputs_key: str = field(init=False, repr=False)
+
+    resume_order = "preserve"  # a deterministic function of the inputs' epochs and the seed
+    reads_values = False
+    item_flow = "same"
+
+    def __post_init__(self) -> None:
+        from .mix import describe_inputs
+
+        object.__setattr__(self, "inputs_key", describe_inputs(self.inputs))
+
+    @property
+    def makes_batches(self) -> bool:  # type: ignore[override]
+        return self.inputs[0].batch_size is not None  # inputs are all batched or none is
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        sizes = {inp.batch_size for inp in self.inputs}
+        return sizes.pop() if len(sizes) == 1 else max(s for s in sizes if s is not None)
+
+    @property
+    def maps_items(self) -> bool:  # type: ignore[override]
+        # Batches the inputs decoded, or an input's map: not what one decoder makes.
+        return self.makes_batches or any(inp.maps_items for inp in self.inputs)
+
+    @property
+    def parallelism(self) -> int:  # type: ignore[override]
+        return max(inp.map_parallelism for inp in self.inputs)
+
+    def call(self) -> str:
+        return (f"streamio.mix([{', '.join(map(repr, self.inputs))}],"
+                f" weights={[round(w, 6) for w in self.weights]}, seed={self.seed},"
+                f" stop={self.stop!r})")
+
+    def apply(self, blocks: Iterator[tuple], run: Any, position: int) -> Iterator[tuple]:
+        from .mix import mix_blocks
+
+        return mix_blocks(self, blocks, run, position)
 
 
 # -- how the built-in stages apply ----------------------------------------------------------------

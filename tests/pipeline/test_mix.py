@@ -1,0 +1,464 @@
+"""``streamio.mix``: weighted interleaving of Datasets, deterministic for a seed, resumable.
+
+Real files (TFRecord of Examples, lines, gzip) and a real HTTP server on 127.0.0.1; the torch
+test runs a DataLoader with 2 worker processes in a subprocess.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import streamio
+from streamio.errors import CorruptRecordError, DecodeError, UsageError, UsageTypeError
+
+from hostile_http import HostileHTTPServer
+from support.examples import ID_X, id_example, write_id_examples
+
+SUBPROCESS_TIMEOUT = 240
+
+
+def _lines(path, prefix: str, n: int) -> str:
+    path.write_text("".join(f"{prefix}{i}\n" for i in range(n)))
+    return str(path)
+
+
+@pytest.fixture
+def ab(tmp_path):
+    """Two lines files: ``a0..a29999`` and ``b0..b9999``."""
+    return _lines(tmp_path / "a.lines", "a", 30000), _lines(tmp_path / "b.lines", "b", 10000)
+
+
+def _from(items, prefix: bytes) -> list:
+    return [r for r in items if r.startswith(prefix)]
+
+
+def _ids(items) -> list:
+    return [int(i) for batch in items for i in np.atleast_1d(batch["id"])]
+
+
+# -- order and ratio ------------------------------------------------------------------------------
+def test_a_seed_gives_one_order_and_other_seeds_and_epochs_give_others(ab):
+    a, b = ab
+
+    def make(seed):
+        return streamio.mix([streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")],
+                            [0.75, 0.25], seed=seed)
+
+    ds = make(7)
+    first, second = list(ds), list(ds)  # epochs 0 and 1
+    assert list(make(7)) == first  # a new Dataset, same seed: the same epoch 0
+    assert second != first and list(make(8)) != first
+    # Each input's own order is kept (no shuffle in them): the mix only interleaves.
+    assert _from(first, b"a") == [f"a{i}".encode() for i in range(len(_from(first, b"a")))]
+
+
+def test_every_window_of_20000_items_holds_the_weights_within_2_percent(tmp_path):
+    a = _lines(tmp_path / "a.lines", "a", 90000)
+    b = _lines(tmp_path / "b.lines", "b", 30000)
+    for seed in (0, 1, 2):
+        items = list(streamio.mix([streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")],
+                                  weights=[0.75, 0.25], seed=seed, stop="first_exhausted"))
+        is_a = np.fromiter((r[0] == ord("a") for r in items), dtype=np.int64)
+        assert len(is_a) >= 100_000
+        sums = np.convolve(is_a, np.ones(20000, dtype=np.int64), mode="valid")  # every window
+        share = sums / 20000
+        assert 0.73 <= share.min() and share.max() <= 0.77, (seed, share.min(), share.max())
+
+
+def test_the_numpy_fallback_places_items_as_the_c_kernel_does(ab, monkeypatch):
+    """Without the C accelerator the mix is the same (its reference places the items)."""
+    from streamio.pipeline import mix as mix_module
+
+    a, b = ab
+
+    def epoch():
+        inputs = [streamio.Dataset(a, "lines").shuffle(100, seed=1), streamio.Dataset(b, "lines")]
+        return list(streamio.mix(inputs, [0.6, 0.4], seed=3, stop="all_exhausted").batch(7))
+
+    fast = epoch()
+    monkeypatch.setattr(mix_module, "_INTERLEAVE", mix_module.interleave_reference)
+    assert epoch() == fast
+
+
+def test_weights_are_relative_and_equal_by_default(ab):
+    a, b = ab
+    inputs = [streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")]
+    assert list(streamio.mix(inputs, [3, 1], seed=1)) == list(
+        streamio.mix(inputs, [0.75, 0.25], seed=1))
+    half = list(streamio.mix(inputs, seed=1))
+    assert abs(len(_from(half, b"a")) - len(_from(half, b"b"))) < 400  # b (10000) ends first
+
+
+# -- stop modes -----------------------------------------------------------------------------------
+def test_first_exhausted_ends_where_the_first_input_runs_out(tmp_path):
+    a = _lines(tmp_path / "a.lines", "a", 300)
+    b = _lines(tmp_path / "b.lines", "b", 5000)
+    inputs = [streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")]
+    for seed in range(5):
+        first = list(streamio.mix(inputs, [0.5, 0.5], seed=seed))
+        every = list(streamio.mix(inputs, [0.5, 0.5], seed=seed, stop="all_exhausted"))
+        # Every record of the input that ran out, and no more of the other than the ratio
+        # allows: it ended when the mix next chose the exhausted input.
+        assert _from(first, b"a") == [f"a{i}".encode() for i in range(300)]
+        assert 200 < len(_from(first, b"b")) < 400
+        # The same choices until then: all_exhausted goes on where first_exhausted stopped.
+        assert every[:len(first)] == first and len(every) == 5300
+
+
+def test_all_exhausted_delivers_every_record_of_every_input_once(tmp_path):
+    sizes = {"a": 7000, "b": 1500, "c": 3000}
+    paths = {k: _lines(tmp_path / f"{k}.lines", k, n) for k, n in sizes.items()}
+    for seed in range(4):
+        items = list(streamio.mix([streamio.Dataset(p, "lines") for p in paths.values()],
+                                  [0.5, 0.3, 0.2], seed=seed, stop="all_exhausted"))
+        assert len(items) == sum(sizes.values())
+        for k, n in sizes.items():  # each input whole, in its own order
+            assert _from(items, k.encode()) == [f"{k}{i}".encode() for i in range(n)]
+
+
+def test_an_input_of_weight_zero_is_not_read(tmp_path, ab):
+    a, b = ab
+    missing = str(tmp_path / "never.lines")  # would raise SourceError if it were opened
+    items = list(streamio.mix([streamio.Dataset(a, "lines"), streamio.Dataset(missing, "lines"),
+                               streamio.Dataset(b, "lines")], [1, 0, 1], seed=0,
+                              stop="all_exhausted"))
+    assert len(items) == 40000
+
+
+# -- inputs with their own shuffle and decoder; stages after the mix ----------------------------
+@pytest.fixture
+def examples(tmp_path):
+    """Two TFRecord files of id Examples: ids 0..5999 and 100000..101999."""
+    return (write_id_examples(tmp_path / "a.tfrecord", range(6000)),
+            write_id_examples(tmp_path / "b.tfrecord", range(100000, 102000)))
+
+
+def test_inputs_keep_their_own_shuffle_and_the_shared_decoder_decodes_batches(examples):
+    a, b = examples
+    shuffled_a = streamio.Dataset(a, "tfrecord", decoder=ID_X).shuffle(500, seed=11)
+    plain_b = streamio.Dataset(b, "tfrecord", decoder=ID_X)
+    mixed = streamio.mix([shuffled_a, plain_b], [0.75, 0.25], seed=3, stop="all_exhausted")
+    assert mixed.decoder is ID_X
+    batches = list(mixed.batch(64).map(lambda batch: dict(batch, twice=batch["x"] * 2))
+                   .prefetch(2))
+    assert all(isinstance(batch, dict) and len(batch["id"]) <= 64 for batch in batches)
+    assert all(np.array_equal(batch["twice"][:, 0], 2 * batch["id"]) for batch in batches)
+    ids = _ids(batches)
+    assert sorted(ids) == list(range(6000)) + list(range(100000, 102000))
+    # The shuffled input's records come in the order it gives alone (same epoch), b's in order.
+    alone = _ids(shuffled_a.with_context(epoch=0).batch(100))
+    assert [i for i in ids if i < 100000] == alone != sorted(alone)
+    assert [i for i in ids if i >= 100000] == list(range(100000, 102000))
+    # Each epoch, each input shuffles anew.
+    again = _ids(mixed.with_context(epoch=1).batch(64))
+    assert [i for i in again if i < 100000] != alone
+
+
+def test_different_decoders_give_batches_of_records_and_batched_inputs_mix_batches(examples):
+    a, b = examples
+    other = streamio.Example({"id": streamio.FixedLen([], "int64")})
+    mixed = streamio.mix([streamio.Dataset(a, "tfrecord", decoder=ID_X),
+                          streamio.Dataset(b, "tfrecord", decoder=other)], seed=0)
+    assert mixed.decoder is None
+    first = next(iter(mixed.batch(8)))
+    assert isinstance(first, list) and all(isinstance(r, bytes) for r in first)
+    # Batched inputs: the mix interleaves their (decoded) batches.
+    batched = streamio.mix([streamio.Dataset(a, "tfrecord", decoder=ID_X).batch(100),
+                            streamio.Dataset(b, "tfrecord", decoder=other).batch(50)],
+                           [0.5, 0.5], seed=0, stop="all_exhausted")
+    assert batched.batch_size is not None
+    items = list(batched)
+    assert len(items) == 60 + 40
+    assert sorted(_ids(items)) == list(range(6000)) + list(range(100000, 102000))
+    with pytest.raises(UsageError, match="already batched"):
+        batched.batch(4)
+
+
+def test_csv_inputs_with_a_header_share_their_decoder_and_the_stats_count_both(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("x,y\n" + "".join(f"{i},{i % 3}\n" for i in range(1000)))
+    b.write_text("x,y\n" + "".join(f"{i + 5000},{i % 3}\n" for i in range(300)))
+    decoder = streamio.Csv(header=True)
+    mixed = streamio.mix([streamio.Dataset(str(a), "csv", decoder=decoder),
+                          streamio.Dataset(str(b), "csv", decoder=decoder)], seed=0,
+                         stop="all_exhausted").batch(100)
+    rows = np.concatenate([batch["features"] for batch in mixed])
+    assert sorted(rows[:, 0].astype(int)) == list(range(1000)) + list(range(5000, 5300))
+    stats = mixed.stats()
+    assert stats["records"] == 1300 and stats["batches"] == 13
+    assert stats["sources_opened"] == 2 and stats["bytes"] == a.stat().st_size + b.stat().st_size
+    # Different headers cannot share one decoder: the second is named.
+    b.write_text("x,z\n1,2\n")
+    with pytest.raises(DecodeError, match="header differs"):
+        list(mixed)
+
+
+def test_a_mix_of_mixes_and_a_shuffle_after_the_mix(ab, tmp_path):
+    a, b = ab
+    c = _lines(tmp_path / "c.lines", "c", 5000)
+    inner = streamio.mix([streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")], seed=1,
+                         stop="all_exhausted")
+    outer = streamio.mix([inner, streamio.Dataset(c, "lines")], [0.8, 0.2], seed=2,
+                         stop="all_exhausted").shuffle(1000, seed=5)
+    items = list(outer)
+    assert collections.Counter(r[:1] for r in items) == {b"a": 30000, b"b": 10000, b"c": 5000}
+    assert len(set(items)) == 45000
+    assert "streamio.mix([streamio.mix([Dataset(" in repr(outer)
+
+
+# -- resume ---------------------------------------------------------------------------------------
+def _resumable(a: str, b: str, mix_seed, chain: str):
+    """A pipeline built anew each call, as a restarted process builds it (seeds drawn anew)."""
+    inputs = [streamio.Dataset(a, "tfrecord", decoder=ID_X).shuffle(300),  # a drawn seed
+              streamio.Dataset(b, "tfrecord", decoder=ID_X).shuffle(200, seed=9)]
+    mixed = streamio.mix(inputs, [0.75, 0.25], seed=mix_seed, stop="all_exhausted")
+    if chain == "batched":
+        return mixed.shuffle(100, seed=4).batch(32).prefetch(3)
+    if chain == "batch-shuffle":
+        return mixed.batch(16).shuffle_batches(5, seed=5)
+    return mixed.prefetch(2)  # raw records
+
+
+@pytest.mark.parametrize("chain", ["batched", "batch-shuffle", "records"])
+@pytest.mark.parametrize("mix_seed", [None, 12])
+def test_a_resumed_epoch_is_exactly_the_rest_of_the_uninterrupted_one(examples, chain,
+                                                                      mix_seed):
+    a, b = examples
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ds = _resumable(a, b, mix_seed, chain)
+        epoch = int(rng.integers(0, 3))
+        ds = ds.with_context(epoch=epoch)
+        it = iter(ds)
+        items = list(it)
+        total = len(items)
+        cut = int(rng.integers(0, total + 1))
+        it = iter(ds)
+        head = [next(it) for _ in range(cut)]
+        state = json.loads(json.dumps(it.state_dict()))  # as a checkpoint file holds it
+        it.close()
+        rest = list(_resumable(a, b, mix_seed, chain).with_context(epoch=epoch)
+                    .iter_from(state))
+        key = _ids if chain != "records" else list
+        assert key(head) + key(rest) == key(items), (chain, mix_seed, cut)
+        if chain != "records":
+            assert sorted(key(items)) == list(range(6000)) + list(range(100000, 102000))
+
+
+def test_load_state_dict_and_a_torch_reader_resume_a_mix(examples):
+    a, b = examples
+    it = iter(_resumable(a, b, None, "batched"))
+    items = [next(it) for _ in range(40)]
+    state = it.state_dict()
+    items += list(it)
+    again = _resumable(a, b, None, "batched")
+    again.load_state_dict(json.loads(json.dumps(state)))
+    assert _ids(items[:40] + list(again)) == _ids(items)
+    torch = pytest.importorskip("torch")
+    loader = torch.utils.data.DataLoader(_resumable(a, b, 5, "batched").to_torch(),
+                                         batch_size=None)
+    whole = [int(i) for batch in loader for i in batch["id"]]
+    reader = _resumable(a, b, 5, "batched").to_torch()
+    batches = iter(torch.utils.data.DataLoader(reader, batch_size=None))
+    head = [int(i) for _ in range(30) for i in next(batches)["id"]]
+    saved = reader.state_dict()
+    fresh = _resumable(a, b, 5, "batched").to_torch()  # as a restarted job builds it
+    fresh.load_state_dict(saved)
+    rest = [int(i) for batch in torch.utils.data.DataLoader(fresh, batch_size=None)
+            for i in batch["id"]]
+    assert head + rest == whole
+
+
+def test_a_state_of_another_mix_is_refused(examples, tmp_path):
+    a, b = examples
+    c = write_id_examples(tmp_path / "c.tfrecord", range(50))
+
+    def make(weights=(0.75, 0.25), stop="all_exhausted", second=b, seed=9):
+        return streamio.mix([streamio.Dataset(a, "tfrecord"),
+                             streamio.Dataset(second, "tfrecord").shuffle(10, seed=seed)],
+                            list(weights), seed=1, stop=stop)
+
+    it = iter(make())
+    next(it)
+    state = it.state_dict()
+    make().iter_from(state).close()  # the same mix resumes
+    for other in (make(weights=(0.5, 0.5)), make(stop="first_exhausted"), make(second=c),
+                  make(seed=10)):
+        with pytest.raises(UsageError, match="chain"):
+            other.iter_from(state)
+
+
+# -- shards and adapters --------------------------------------------------------------------------
+def test_shards_of_a_mix_cover_every_record_once(tmp_path):
+    parts = [write_id_examples(tmp_path / f"a{k}.tfrecord", range(k * 1000, k * 1000 + 900))
+             for k in range(3)]  # whole files per shard (or byte ranges, for n > 3)
+    one = write_id_examples(tmp_path / "b.tfrecord", range(50000, 52500))  # byte ranges
+    gz = str(tmp_path / "c.tfrecord.gz")  # compressed: dealt round-robin
+    with open(write_id_examples(tmp_path / "c.tfrecord", range(70000, 70700)), "rb") as f:
+        with gzip.open(gz, "wb") as out:
+            out.write(f.read())
+    inputs = [streamio.Dataset(parts, "tfrecord", decoder=ID_X).shuffle(100, seed=1),
+              streamio.Dataset(one, "tfrecord", decoder=ID_X),
+              streamio.Dataset(gz, "tfrecord", decoder=ID_X)]
+    mixed = streamio.mix(inputs, [0.6, 0.3, 0.1], seed=0, stop="all_exhausted").batch(50)
+    expected = sorted([*range(0, 900), *range(1000, 1900), *range(2000, 2900),
+                       *range(50000, 52500), *range(70000, 70700)])
+    for n in (1, 2, 3, 4):
+        shards = [_ids(mixed.shard(n, i)) for i in range(n)]
+        assert sorted(i for shard in shards for i in shard) == expected, n
+        if n > 1:
+            assert all(shards), n
+
+
+def test_a_mix_reads_an_http_input(examples):
+    a, b = examples
+    with HostileHTTPServer() as server:
+        with open(b, "rb") as f:
+            url = server.add("/b.tfrecord", f.read())
+        mixed = streamio.mix([streamio.Dataset(a, "tfrecord", decoder=ID_X),
+                              streamio.Dataset(url, "tfrecord", decoder=ID_X)],
+                             [0.75, 0.25], seed=2, stop="all_exhausted").batch(40)
+        items = list(mixed)
+        assert sorted(_ids(items)) == list(range(6000)) + list(range(100000, 102000))
+        it = iter(mixed.with_context(epoch=0))
+        head = [next(it) for _ in range(77)]
+        state = it.state_dict()
+        it.close()
+        rest = list(mixed.with_context(epoch=0).iter_from(state))
+        assert _ids(head + rest) == _ids(items)
+
+
+def test_to_torch_with_two_dataloader_workers_delivers_every_record_once(tmp_path):
+    pytest.importorskip("torch")
+    a = write_id_examples(tmp_path / "a.tfrecord", range(3000))
+    b = [write_id_examples(tmp_path / f"b{k}.tfrecord", range(10000 + 500 * k, 10500 + 500 * k))
+         for k in range(3)]
+    code = (
+        "import json, sys, torch, streamio\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from support.examples import ID_X\n"
+        "ds = streamio.mix([streamio.Dataset(sys.argv[2], 'tfrecord', decoder=ID_X).shuffle(64),\n"
+        "                   streamio.Dataset(sys.argv[3:], 'tfrecord', decoder=ID_X)],\n"
+        "                  [0.7, 0.3], stop='all_exhausted').batch(32)\n"
+        "loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2)\n"
+        "epochs = [[int(i) for b in loader for i in b['id']] for _ in range(2)]\n"
+        "print(json.dumps({'epochs': epochs, 'tf': 'tensorflow' in sys.modules}))\n")
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code, tests_dir, a, *b], capture_output=True,
+                          text=True, timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    expected = list(range(3000)) + list(range(10000, 11500))
+    first, second = result["epochs"]
+    assert sorted(first) == expected and sorted(second) == expected
+    assert first != second  # the epochs are shuffled and mixed differently
+    assert result["tf"] is False
+
+
+def test_to_torch_refuses_a_single_stream_input_split_between_workers(tmp_path, examples):
+    pytest.importorskip("torch")
+    a, _ = examples
+    channel = streamio.PipeChannel(str(tmp_path / "train"))
+    mixed = streamio.mix([streamio.Dataset(a, "tfrecord"),
+                          streamio.Dataset(channel, "tfrecord")], seed=0)
+    tds = mixed.to_torch()
+    with pytest.raises(UsageError, match="single stream.*2 readers"):
+        tds.plan(epoch=0, worker=0, num_workers=2)
+    tds.plan(epoch=0, worker=0, num_workers=1)  # one reader reads it whole
+
+
+def test_to_tf_reads_a_mix(examples):
+    tf = pytest.importorskip("tensorflow")
+    a, b = examples
+    mixed = streamio.mix([streamio.Dataset(a, "tfrecord", decoder=ID_X),
+                          streamio.Dataset(b, "tfrecord", decoder=ID_X)], [0.75, 0.25],
+                         seed=0, stop="all_exhausted")
+    got = [int(i) for batch in mixed.batch(256).to_tf() for i in batch["id"].numpy()]
+    assert sorted(got) == list(range(6000)) + list(range(100000, 102000))
+    batched = streamio.mix([streamio.Dataset(a, "tfrecord", decoder=ID_X).batch(100),
+                            streamio.Dataset(b, "tfrecord", decoder=ID_X).batch(100)],
+                           seed=0, stop="all_exhausted")
+    got = [int(i) for batch in batched.to_tf() for i in batch["id"].numpy()]
+    assert sorted(got) == list(range(6000)) + list(range(100000, 102000))
+    assert isinstance(tf.constant(1), tf.Tensor)
+
+
+def test_splitting_a_mix_into_source_parts_is_refused_not_empty(examples):
+    from streamio.pipeline.splits import plan_parts
+
+    a, b = examples
+    mixed = streamio.mix([streamio.Dataset(a, "tfrecord"), streamio.Dataset(b, "tfrecord")])
+    with pytest.raises(UsageError, match="mix"):
+        plan_parts(mixed, 2)  # what streamio.ray reads: it would have found no sources
+
+
+# -- errors ---------------------------------------------------------------------------------------
+def test_a_corrupt_record_in_an_input_raises_its_error_after_the_items_before_it(tmp_path,
+                                                                               examples):
+    _, b = examples
+    records = [id_example(i) for i in range(2000)]
+    path = str(tmp_path / "bad.tfrecord")
+    streamio.write_records(path, "tfrecord", records)
+    data = bytearray(open(path, "rb").read())
+    offset = sum(16 + len(r) for r in records[:1234])  # record 1234's frame
+    data[offset + 12 + 5] ^= 0xFF  # a byte of its payload: its data CRC fails
+    open(path, "wb").write(bytes(data))
+    mixed = streamio.mix([streamio.Dataset(path, "tfrecord"), streamio.Dataset(b, "tfrecord")],
+                         seed=0, stop="all_exhausted")
+    got = []
+    with pytest.raises(CorruptRecordError) as info:
+        for record in mixed:
+            got.append(record)
+    assert info.value.source == path and info.value.record_index == 1234
+    assert info.value.offset == offset
+    assert [r for r in got if r in set(records)] == records[:1234]
+
+
+def test_a_decode_error_after_the_mix_names_the_input_record(tmp_path, examples):
+    a, _ = examples
+    records = [id_example(i) for i in range(500)]
+    records[321] = b"\xff\xff not an Example"
+    bad = str(tmp_path / "bad.tfrecord")
+    streamio.write_records(bad, "tfrecord", records)
+    mixed = streamio.mix([streamio.Dataset(a, "tfrecord", decoder=ID_X),
+                          streamio.Dataset(bad, "tfrecord", decoder=ID_X)], seed=0).batch(16)
+    with pytest.raises(DecodeError) as info:
+        list(mixed)
+    assert info.value.source == bad and info.value.record_index == 321
+
+
+def test_bad_arguments_are_clear_errors(ab):
+    a, b = ab
+    inputs = [streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")]
+    with pytest.raises(UsageError, match="weights has 3 entries for 2"):
+        streamio.mix(inputs, [1, 2, 3])
+    with pytest.raises(UsageError, match=r"weights\[1\].*>= 0"):
+        streamio.mix(inputs, [1, -1])
+    with pytest.raises(UsageError, match=r"weights\[0\]"):
+        streamio.mix(inputs, [float("nan"), 1])
+    with pytest.raises(UsageError, match="all zero"):
+        streamio.mix(inputs, [0, 0])
+    with pytest.raises(UsageTypeError, match=r"weights\[0\] must be a number"):
+        streamio.mix(inputs, ["1", 1])
+    with pytest.raises(UsageTypeError, match="input 1 is a str"):
+        streamio.mix([inputs[0], a])
+    with pytest.raises(UsageTypeError, match="list of streamio Datasets"):
+        streamio.mix(inputs[0])
+    with pytest.raises(UsageError, match="at least one"):
+        streamio.mix([])
+    with pytest.raises(UsageError, match="stop must be one of"):
+        streamio.mix(inputs, stop="longest")
+    with pytest.raises(UsageTypeError, match="seed must be an int"):
+        streamio.mix(inputs, seed="7")
+    with pytest.raises(UsageError, match="all batched or all unbatched"):
+        streamio.mix([inputs[0].batch(4), inputs[1]])
+    # Everything is checked when the mix is built: nothing was opened.
+    assert isinstance(streamio.mix(inputs, np.array([1.0, 2.0])), streamio.Dataset)

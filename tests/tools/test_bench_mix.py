@@ -1,0 +1,17 @@
+"""``streamio bench --workloads mix`` runs end to end and prints one row per pipeline."""
+
+from __future__ import annotations
+
+
+def test_the_mix_benchmark_runs_and_reports_each_pipeline(capsys):
+    from streamio.bench import main
+
+    assert main(["--workloads", "mix", "--records", "2000", "--large-records", "40",
+                 "--rounds", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
+    assert set(rows) == {"raw", "decoded", "raw-16k"}
+    # alone_s mixed_s ratio alone_cpu mixed_cpu cpu_ratio: times (printed to the ms: a fast
+    # machine may print 0.000) and positive ratios
+    assert all(len(row) == 6 and all(float(v) >= 0 for v in row)
+               and float(row[2]) > 0 and float(row[5]) > 0 for row in rows.values())
