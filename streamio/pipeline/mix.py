@@ -220,11 +220,12 @@ class _Input:
         self.block_len = 0  # the longest block it gave
         self.header = outer.decoder is not None and takes_header(outer.decoder)
 
-    def fill(self, need: int) -> int:
-        """Pull blocks until ``need`` items are held (fewer once the input has ended or
-        failed); how many are held."""
+    def fill(self) -> int:
+        """The items held from the current block; when none are, the next non-empty block is
+        pulled first (none once the input has ended or failed). Blocks are never joined: the
+        mix cuts its slices where an input's block ends."""
         held = len(self.items) - self.pos
-        while held < need and not self.done:
+        while not held and not self.done:
             try:
                 items, ids = next(self.blocks)
             except StopIteration:
@@ -240,16 +241,15 @@ class _Input:
             if not isinstance(items, list):
                 items = list(items)
             self.block_len = max(self.block_len, len(items))
-            self.items = (self.items[self.pos:] + items) if held else items
+            self.items, self.pos = items, 0
             if self.track:
                 if ids is None:  # no origins from this input: name its first source
                     ids = np.zeros(len(items), np.int64)
                 ids = np.asarray(ids, np.int64)
                 if self.base:
                     ids = ids + (self.base << INDEX_BITS)
-                self.ids = np.concatenate([self.ids[self.pos:], ids]) if held else ids
-            self.pos = 0
-            held = len(self.items)
+                self.ids = ids
+            held = len(items)
         return held
 
     def _learn_names(self) -> None:
@@ -345,15 +345,20 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                 # how the choices are sliced never changes the order, only the block sizes.
                 step = min(MAX_SLICE, max([MIN_SLICE, *(s.block_len for s in inputs if s)]))
                 chosen = choices[start:start + step]
-                start += step
                 counts = _counts(chosen, k_all)
                 cut = len(chosen)
+                short = None
                 for k in np.flatnonzero(counts):
-                    held = inputs[k].fill(int(counts[k]))
-                    if held < counts[k]:  # input k ends (or fails) at its held-th choice here
+                    held = inputs[k].fill()
+                    if held < counts[k]:
+                        # Input k's block (or the input) ends at its held-th choice here: the
+                        # slice stops there, and goes on with its next block.
                         at = int(np.flatnonzero(chosen == k)[held])
                         if at < cut:
-                            cut, ended = at, int(k)
+                            cut, short = at, int(k)
+                if short is not None and inputs[short].done:
+                    ended = short  # it has no more items (fill pulls only when none are held)
+                start += cut
                 if cut:
                     if cut < len(chosen):
                         chosen = chosen[:cut]
