@@ -306,3 +306,46 @@ def test_s3_objects_resume_elastically(monkeypatch):
             before, states = _interrupt(make, n, [2, 5, 1, 3][:n])
             assert before
             assert sorted(before + _finish(make, m, states)) == ALL_IDS
+
+
+def test_a_mix_resumes_elastically(sources):
+    """streamio.mix over two inputs (all_exhausted): 2 shards checkpointed, resumed on 3."""
+    def make():
+        inputs = [streamio.Dataset(sources["files"][:2], "tfrecord").shuffle(50, seed=1),
+                  streamio.Dataset(sources["files"][2:], "tfrecord")]
+        return streamio.mix(inputs, [0.7, 0.3], seed=5, stop="all_exhausted").batch(6)
+
+    def ids(batch):
+        return [i for record in batch for i in _ids(record)]
+
+    got, states = [], []
+    for i in range(2):
+        it = iter(make().shard(2, i))
+        for _ in range(7 + 5 * i):
+            got += ids(next(it))
+        states.append(json.loads(json.dumps(it.state_dict())))
+    for j in range(3):
+        got += [i for batch in make().shard(3, j).iter_from(states) for i in ids(batch)]
+    assert sorted(got) == ALL_IDS
+
+
+def test_an_epoch_served_from_a_cache_resumes_elastically(sources, tmp_path):
+    """Epoch 1 of 2 shards is served from their directory caches; resumed on 3 shards (each
+    replays the old shards' cached epochs), every record once."""
+    def make():
+        return (streamio.Dataset(sources["files"], "tfrecord", decoder=_decoder())
+                .batch(8).cache(str(tmp_path / "cache")).shuffle_batches(4, seed=2))
+
+    got, states = [], []
+    for i in range(2):
+        ds = make().shard(2, i)
+        list(ds)  # epoch 0 fills this shard's cache
+        it = iter(ds)  # epoch 1, from the cache
+        for _ in range(3 + 4 * i):
+            got += _ids(next(it))
+        states.append(json.loads(json.dumps(it.state_dict())))
+        it.close()
+    assert {s["epoch"] for s in states} == {1}
+    for j in range(3):
+        got += [i for b in make().shard(3, j).iter_from(states) for i in _ids(b)]
+    assert sorted(got) == ALL_IDS
