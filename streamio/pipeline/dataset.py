@@ -545,14 +545,7 @@ class Dataset:
         for code that must call ``iter()`` itself; a list of every shard's states too).
         Checked now (a list: each state's fields now, the rest when the epoch starts)."""
         if isinstance(state, (list, tuple)):
-            if not state:
-                raise UsageError("resume states: the list is empty (give every shard's state)")
-            for k, one in enumerate(state):
-                try:
-                    _resume.check_fields(one)
-                except UsageError as exc:
-                    raise UsageError(f"resume states[{k}]: {exc}") from None
-            self._pending_state = [dict(one) for one in state]
+            self._pending_state = [dict(one) for one in _elastic.check_states(list(state))]
             return
         _resume.check_state(self, state)
         self._pending_state = dict(state)

@@ -46,7 +46,7 @@ from .resume import Deal, Selection, SkipFirst
 from .stages import close_blocks
 from .stats import EpochStats
 
-__all__ = ["iter_from_states", "resume_elastic_state"]
+__all__ = ["check_states", "iter_from_states", "resume_elastic_state"]
 
 
 def _layers(state: dict, where: str) -> list:
@@ -152,9 +152,9 @@ def _epoch_of(states: list, where: str) -> int:
     return epochs[0]
 
 
-def iter_from_states(ds: Any, states: list) -> Any:
-    """:meth:`Dataset.iter_from` with a list of states: the same-layout resume where ``ds`` is
-    one of the old shards, else an elastic one."""
+def check_states(states: list) -> list:
+    """A list of states, each state's fields checked on their own (the rest is checked against
+    the pipeline when the epoch starts)."""
     if not states:
         raise UsageError("resume states: the list is empty (give every shard's state)")
     for k, state in enumerate(states):
@@ -162,6 +162,13 @@ def iter_from_states(ds: Any, states: list) -> Any:
             _resume.check_fields(state)
         except UsageError as exc:
             raise UsageError(f"resume states[{k}]: {exc}") from None
+    return states
+
+
+def iter_from_states(ds: Any, states: list) -> Any:
+    """:meth:`Dataset.iter_from` with a list of states: the same-layout resume where ``ds`` is
+    one of the old shards, else an elastic one."""
+    check_states(states)
     epoch = _epoch_of(states, "")
     own = [s for s in states if s.get("shards") == [list(x) for x in ds._shard_layers]
            and s.get("place") == _place(ds)]
