@@ -71,7 +71,10 @@ static PyObject *py_interleave(PyObject *self, PyObject *args)
                          k, size, start, counts[k]);
             goto fail;
         }
-        items[k] = PySequence_Fast_ITEMS(part) + start;
+        /* An empty list has no item array (NULL): no offset from it (undefined behaviour,
+         * even by 0); nothing is read from it, as counts[k] is 0. */
+        PyObject **first = PySequence_Fast_ITEMS(part);
+        items[k] = first == NULL ? NULL : first + start;
     }
     for (Py_ssize_t t = 0; t < n; t++) {
         unsigned char k = choices[t];
