@@ -8,11 +8,12 @@ ordinary stage, and resume, ``shard`` and the adapters take it as any other Data
 
 The order: which input gives the next item is drawn from the weights, ``DRAW`` choices at a
 time, from a generator keyed by ``(seed, epoch, rank, worker, stage, shards)``: each choice is
-a uint32 (4 bytes of ``Generator.bytes``, little-endian) that picks the first live input whose
-cumulative weight, scaled to 2**32, is above it (so a weight is honoured to 2**-32; one under
-2**-32 of the live total is not chosen while others are live). The sequence of choices depends
-on nothing else (not on how the inputs' reads were chunked), so the output is a function of
-the inputs' item sequences and the seed: a replay (resume) gives the same order. When a choice
+a uint32 (half of one of the generator's 64-bit outputs, low half first) that picks the first
+live input whose cumulative weight, scaled to 2**32, is above it (so a weight is honoured to
+2**-32; one under 2**-32 of the live total is not chosen while others are live). The
+sequence of choices depends on nothing else (not on how the inputs' reads were chunked), so the
+output is a function of the inputs' item sequences and the seed: a replay (resume) gives the
+same order. When a choice
 falls on an input that has ended, ``stop="first_exhausted"`` ends the epoch there;
 ``"all_exhausted"`` drops the input, discards the choices drawn after it and draws anew from
 the others' weights, renormalised (when the draws happen depends only on which inputs ended
@@ -323,7 +324,7 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
             if plan is not None:
                 inputs[k] = _Input(plan[0], run, plan[1], track)
         while live.any():
-            draws = rng.bytes(DRAW * _DRAW_BYTES)
+            draws = _draw(rng)
             bounds = _bounds(weights, live)
             ended = None
             t = 0
@@ -359,6 +360,12 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
         for source in inputs:
             if source is not None:
                 source.close()
+
+
+def _draw(rng: np.random.Generator) -> np.ndarray:
+    """``DRAW`` choices: uint32 numbers, two to each of the generator's 64-bit outputs (the
+    cheapest numbers it gives), low half first."""
+    return rng.bit_generator.random_raw(DRAW // 2).astype("<u8", copy=False)
 
 
 _NOTHING: list = []
