@@ -178,13 +178,16 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
                          oviews[k].len / 8, size);
             goto fail;
         }
-        items[k] = PySequence_Fast_ITEMS(part) + start;
         first[k] = start;
         avail[k] = size - start;
-        origin_in[k] = have_oout ? (const unsigned char *)oviews[k].buf + 8 * start : NULL;
+        /* An empty list's (or buffer's) storage may be NULL: no offset from it (UB even + 0). */
+        items[k] = avail[k] ? PySequence_Fast_ITEMS(part) + start : NULL;
+        origin_in[k] = have_oout && avail[k] ? (const unsigned char *)oviews[k].buf + 8 * start
+                                             : NULL;
     }
 
-    const unsigned char *d = (const unsigned char *)draws.buf + (size_t)begin * DRAW_BYTES;
+    const unsigned char *d = most ? (const unsigned char *)draws.buf + (size_t)begin * DRAW_BYTES
+                                  : NULL;
     unsigned char *origin_out = have_oout ? (unsigned char *)oout.buf : NULL;
     Py_ssize_t n = 0, short_part = -1;
     for (; n < most; n++, d += DRAW_BYTES) {
