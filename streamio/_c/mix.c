@@ -1,58 +1,160 @@
 #include "speedups.h"
 
+#include <string.h>
+
 /* ---------------------------------------------------------------------------------------------
- * interleave: the placement of streamio.mix
+ * mix_take: one step of streamio.mix, in one pass
  *
- * out[t] = the next item of parts[choices[t]], for t in order. Same result (and the same errors)
- * as streamio.pipeline.mix.interleave_reference, in one pass without per-item Python work.
+ * Each draw (a little-endian uint32) picks the part k with bounds[k - 1] <= draw < bounds[k]
+ * (bounds: the parts' cumulative weights scaled to 2**32); the part's next item is appended to
+ * the output, and its record origin too when origins are given. The pass stops after `limit`
+ * items, at the end of the draws, or at the first draw whose part holds no item left (`short`:
+ * the caller pulls that part's next block, or ends it). Same results, same errors as
+ * streamio.pipeline.mix.mix_take_reference.
  * ------------------------------------------------------------------------------------------- */
 
-PyDoc_STRVAR(interleave_doc,
-"interleave(choices, parts, starts) -> list\n\n"
-"out[t] is the next item of parts[choices[t]], starting at parts[k][starts[k]]: choices a\n"
-"contiguous buffer of uint8 part numbers, parts a list of lists, starts a list of ints, one\n"
-"per part; parts[k] holds at least as many items from starts[k] on as choices name k.");
+#define MAX_PARTS 256
+#define DRAW_BYTES 4
+#define BOUND_END ((uint64_t)1 << 32) /* past every uint32 draw */
+#define LINEAR_PARTS 8                /* up to this many parts a linear scan beats a bisection */
 
-static PyObject *py_interleave(PyObject *self, PyObject *args)
+PyDoc_STRVAR(mix_take_doc,
+"mix_take(draws, begin, limit, bounds, parts, starts, origins, origins_out)\n"
+"    -> (items, end, short)\n\n"
+"From draw `begin` on (draws: a contiguous buffer of little-endian uint32), each draw u picks\n"
+"the first part k with u < bounds[k] (bounds: a contiguous buffer of uint64, one per part,\n"
+"non-decreasing, the last 2**32) and takes the next item of parts[k] (a list) from\n"
+"starts[k] (a list of ints, updated in place). Stops after `limit` items, at the end of the\n"
+"draws, or before the first draw whose part has no item left: `short` is that part, else -1;\n"
+"`end` is the first draw not used. origins (None, or a list of int64 buffers as long as the\n"
+"parts) gives each item's origin, written to origins_out[0:len(items)] (a writable int64\n"
+"buffer of at least min(limit, draws left) entries).");
+
+/* The part a draw picks: the first k with u < bounds[k] (bounds[nparts - 1] is past any u). */
+static inline Py_ssize_t pick(const uint64_t *bounds, Py_ssize_t nparts, uint64_t u)
 {
-    PyObject *choices_obj, *parts, *starts, *out = NULL;
-    Py_buffer view = {0};
-    Py_ssize_t counts[256] = {0}, taken[256] = {0};
-    PyObject **items[256];
-    if (!PyArg_ParseTuple(args, "OO!O!:interleave", &choices_obj, &PyList_Type, &parts,
-                          &PyList_Type, &starts))
-        return NULL;
-    if (PyObject_GetBuffer(choices_obj, &view, PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
-    if (view.ndim > 1 || view.itemsize != 1) {
-        PyErr_SetString(PyExc_TypeError, "choices must be a 1-D buffer of uint8");
-        goto done;
+    if (nparts <= LINEAR_PARTS) {
+        Py_ssize_t k = 0;
+        while (u >= bounds[k])
+            k++;
+        return k;
     }
-    const unsigned char *choices = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len;
-    /* Before anything of parts is looked at: allocating can run a garbage collection, whose
-     * finalizers could change the lists. Nothing below calls back into Python. */
-    out = PyList_New(n);
-    if (out == NULL)
-        goto done;
-    for (Py_ssize_t t = 0; t < n; t++)
-        counts[choices[t]]++;
-    Py_ssize_t nparts = PyList_GET_SIZE(parts);
-    if (nparts > 256) { /* a uint8 names at most 256 */
-        PyErr_Format(PyExc_ValueError, "at most 256 parts, not %zd", nparts);
+    Py_ssize_t lo = 0, hi = nparts - 1;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (u < bounds[mid])
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+static PyObject *py_mix_take(PyObject *self, PyObject *args)
+{
+    PyObject *draws_obj, *bounds_obj, *parts, *starts, *origins, *origins_out_obj;
+    PyObject *out = NULL, *result = NULL;
+    Py_ssize_t begin, limit, nparts = 0, norigins = 0;
+    Py_buffer draws = {0}, bounds_view = {0}, oout = {0};
+    Py_buffer *oviews = NULL;
+    int have_oout = 0;
+    uint64_t bounds[MAX_PARTS];
+    Py_ssize_t first[MAX_PARTS], avail[MAX_PARTS], taken[MAX_PARTS] = {0};
+    PyObject **items[MAX_PARTS];
+    const unsigned char *origin_in[MAX_PARTS];
+    PyObject *new_starts[MAX_PARTS] = {0};
+
+    if (!PyArg_ParseTuple(args, "OnnOOOOO:mix_take", &draws_obj, &begin, &limit, &bounds_obj,
+                          &parts, &starts, &origins, &origins_out_obj))
+        return NULL;
+    if (!PyList_Check(parts) || !PyList_Check(starts)) {
+        PyErr_SetString(PyExc_TypeError, "parts and starts must be lists");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(draws_obj, &draws, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (draws.len % DRAW_BYTES) {
+        PyErr_Format(PyExc_ValueError, "draws must be whole 4-byte draws, not %zd bytes",
+                     draws.len);
         goto fail;
     }
-    for (Py_ssize_t k = nparts; k < 256; k++) {
-        if (counts[k]) {
-            PyErr_Format(PyExc_ValueError, "choice %zd names no part (%zd parts)", k, nparts);
+    Py_ssize_t ndraws = draws.len / DRAW_BYTES;
+    if (begin < 0 || begin > ndraws) {
+        PyErr_Format(PyExc_ValueError, "begin %zd is outside the %zd draws", begin, ndraws);
+        goto fail;
+    }
+    if (limit < 0) {
+        PyErr_Format(PyExc_ValueError, "limit must be >= 0, not %zd", limit);
+        goto fail;
+    }
+    Py_ssize_t most = ndraws - begin < limit ? ndraws - begin : limit;
+
+    if (PyObject_GetBuffer(bounds_obj, &bounds_view, PyBUF_C_CONTIGUOUS) < 0)
+        goto fail;
+    nparts = PyList_GET_SIZE(parts);
+    if (nparts < 1 || nparts > MAX_PARTS) {
+        PyErr_Format(PyExc_ValueError, "between 1 and 256 parts, not %zd", nparts);
+        goto fail;
+    }
+    if (bounds_view.itemsize != 8 || bounds_view.len != nparts * 8) {
+        PyErr_Format(PyExc_ValueError, "bounds must be %zd uint64, one per part", nparts);
+        goto fail;
+    }
+    memcpy(bounds, bounds_view.buf, (size_t)nparts * 8);
+    for (Py_ssize_t k = 0; k < nparts; k++) {
+        if ((k && bounds[k] < bounds[k - 1]) || bounds[k] > BOUND_END) {
+            PyErr_SetString(PyExc_ValueError, "bounds must be non-decreasing, at most 2**32");
             goto fail;
         }
+    }
+    if (bounds[nparts - 1] != BOUND_END) {
+        PyErr_SetString(PyExc_ValueError, "the last bound must be 2**32");
+        goto fail;
     }
     if (PyList_GET_SIZE(starts) != nparts) {
         PyErr_Format(PyExc_ValueError, "starts has %zd entries for %zd parts",
                      PyList_GET_SIZE(starts), nparts);
         goto fail;
     }
+    if ((origins == Py_None) != (origins_out_obj == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "origins and origins_out are both None or neither");
+        goto fail;
+    }
+    if (origins != Py_None) {
+        if (!PyList_Check(origins) || PyList_GET_SIZE(origins) != nparts) {
+            PyErr_Format(PyExc_ValueError, "origins must be a list of %zd buffers", nparts);
+            goto fail;
+        }
+        if (PyObject_GetBuffer(origins_out_obj, &oout, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+            goto fail;
+        have_oout = 1;
+        if (oout.itemsize != 8 || oout.len / 8 < most) {
+            PyErr_Format(PyExc_ValueError, "origins_out must hold %zd int64", most);
+            goto fail;
+        }
+        oviews = PyMem_Calloc((size_t)nparts, sizeof(Py_buffer));
+        if (oviews == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (; norigins < nparts; norigins++) {
+            if (PyObject_GetBuffer(PyList_GET_ITEM(origins, norigins), &oviews[norigins],
+                                   PyBUF_C_CONTIGUOUS) < 0)
+                goto fail;
+            if (oviews[norigins].itemsize != 8) {
+                PyErr_Format(PyExc_ValueError, "origins[%zd] must be a buffer of int64",
+                             norigins);
+                norigins++; /* released below with the others */
+                goto fail;
+            }
+        }
+    }
+    /* Allocated before anything of parts is looked at: allocating can run a garbage
+     * collection, whose finalizers could change the lists. Nothing below, until the items are
+     * placed, calls back into Python. */
+    out = PyList_New(most);
+    if (out == NULL)
+        goto fail;
     for (Py_ssize_t k = 0; k < nparts; k++) {
         PyObject *part = PyList_GET_ITEM(parts, k), *start_obj = PyList_GET_ITEM(starts, k);
         if (!PyList_Check(part)) {
@@ -63,34 +165,85 @@ static PyObject *py_interleave(PyObject *self, PyObject *args)
             PyErr_Format(PyExc_TypeError, "starts[%zd] must be an int", k);
             goto fail;
         }
-        Py_ssize_t start = PyLong_AsSsize_t(start_obj), size = PyList_GET_SIZE(part);
+        Py_ssize_t size = PyList_GET_SIZE(part), start = PyLong_AsSsize_t(start_obj);
         if (start == -1 && PyErr_Occurred())
             goto fail;
-        if (start < 0 || start > size || size - start < counts[k]) {
-            PyErr_Format(PyExc_ValueError, "parts[%zd] holds %zd items from %zd for %zd choices",
-                         k, size, start, counts[k]);
+        if (start < 0 || start > size) {
+            PyErr_Format(PyExc_ValueError, "starts[%zd] is %zd, outside parts[%zd] of %zd items",
+                         k, start, k, size);
             goto fail;
         }
-        /* An empty list has no item array (NULL): no offset from it (undefined behaviour,
-         * even by 0); nothing is read from it, as counts[k] is 0. */
-        PyObject **first = PySequence_Fast_ITEMS(part);
-        items[k] = first == NULL ? NULL : first + start;
+        if (have_oout && oviews[k].len / 8 != size) {
+            PyErr_Format(PyExc_ValueError, "origins[%zd] has %zd entries for %zd items", k,
+                         oviews[k].len / 8, size);
+            goto fail;
+        }
+        first[k] = start;
+        avail[k] = size - start;
+        /* An empty list's (or buffer's) storage may be NULL: no offset from it (UB even + 0). */
+        items[k] = avail[k] ? PySequence_Fast_ITEMS(part) + start : NULL;
+        origin_in[k] = have_oout && avail[k] ? (const unsigned char *)oviews[k].buf + 8 * start
+                                             : NULL;
     }
-    for (Py_ssize_t t = 0; t < n; t++) {
-        unsigned char k = choices[t];
-        PyObject *item = items[k][taken[k]++];
+
+    const unsigned char *d = most ? (const unsigned char *)draws.buf + (size_t)begin * DRAW_BYTES
+                                  : NULL;
+    unsigned char *origin_out = have_oout ? (unsigned char *)oout.buf : NULL;
+    Py_ssize_t n = 0, short_part = -1;
+    for (; n < most; n++, d += DRAW_BYTES) {
+        uint64_t u = (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16 |
+                     (uint64_t)d[3] << 24;
+        Py_ssize_t k = pick(bounds, nparts, u);
+        Py_ssize_t j = taken[k];
+        if (j == avail[k]) {
+            short_part = k;
+            break;
+        }
+        PyObject *item = items[k][j];
         Py_INCREF(item);
-        PyList_SET_ITEM(out, t, item);
+        PyList_SET_ITEM(out, n, item);
+        if (origin_out != NULL)
+            memcpy(origin_out + 8 * n, origin_in[k] + 8 * j, 8);
+        taken[k] = j + 1;
     }
-    goto done;
+
+    /* The new starts, all made before any is set: a failure leaves starts as they were. */
+    for (Py_ssize_t k = 0; k < nparts; k++) {
+        if (taken[k]) {
+            new_starts[k] = PyLong_FromSsize_t(first[k] + taken[k]);
+            if (new_starts[k] == NULL)
+                goto fail;
+        }
+    }
+    for (Py_ssize_t k = 0; k < nparts; k++) {
+        if (new_starts[k] != NULL) {
+            PyList_SetItem(starts, k, new_starts[k]); /* steals the reference */
+            new_starts[k] = NULL;
+        }
+    }
+    if (n < most) { /* cut short: the filled slots only (the rest are empty, NULL) */
+        PyObject *filled = PyList_GetSlice(out, 0, n);
+        Py_SETREF(out, filled);
+        if (out == NULL)
+            goto fail;
+    }
+    result = Py_BuildValue("(Onn)", out, begin + n, short_part);
 fail:
-    Py_CLEAR(out); /* a list with empty (NULL) slots is freed safely */
-done:
-    PyBuffer_Release(&view);
-    return out;
+    Py_XDECREF(out); /* a list with empty (NULL) slots is freed safely */
+    for (Py_ssize_t k = 0; k < MAX_PARTS; k++)
+        Py_XDECREF(new_starts[k]);
+    for (Py_ssize_t k = 0; k < norigins; k++)
+        PyBuffer_Release(&oviews[k]);
+    PyMem_Free(oviews);
+    if (have_oout)
+        PyBuffer_Release(&oout);
+    if (bounds_view.obj != NULL)
+        PyBuffer_Release(&bounds_view);
+    PyBuffer_Release(&draws);
+    return result;
 }
 
 PyMethodDef mix_methods[] = {
-    {"interleave", py_interleave, METH_VARARGS, interleave_doc},
+    {"mix_take", py_mix_take, METH_VARARGS, mix_take_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -13,7 +13,7 @@
  *                  (both over pb_wire.h, the wire reading, and pb_batch.h/.c, the batch helpers)
  *   csv.c          parse_csv_floats                      numpy.loadtxt (the CSV decoder's fast path)
  *   shuffle.c      shuffle_exchange(_int64)              streamio/pipeline/shuffle.py (_ExchangePlan)
- *   mix.c          interleave                            streamio/pipeline/mix.py (interleave_reference)
+ *   mix.c          mix_take                              streamio/pipeline/mix.py (mix_take_reference)
  *   resample.c     resample                              Pillow's Image.resize (streamio/decoders/_resample.py)
  *                  (its SSE4.1/AVX2 passes in resample_x86.c, what both share in resample.h)
  *   module.c       the module: each family's method table, shared numpy helpers

@@ -7,20 +7,23 @@ their items. Everything after it (``batch``, ``map``, ``prefetch``, ``shuffle``.
 ordinary stage, and resume, ``shard`` and the adapters take it as any other Dataset.
 
 The order: which input gives the next item is drawn from the weights, ``DRAW`` choices at a
-time (as uint8: at most ``MAX_INPUTS`` inputs), from a generator keyed by ``(seed, epoch,
-rank, worker, stage, shards)``. The sequence of choices depends on nothing else (not on how
-the inputs' reads were chunked), so the output is a function of the inputs' item sequences and
-the seed: a replay (resume) gives the same order. When a choice falls on an input that has
-ended, ``stop="first_exhausted"`` ends the epoch there; ``"all_exhausted"`` drops the input,
-discards the choices drawn after it and draws anew from the others' weights, renormalised (when
-the draws happen depends only on which inputs ended where, so this too is a function of the
-inputs).
+time, from a generator keyed by ``(seed, epoch, rank, worker, stage, shards)``: each choice is
+a uint32 (half of one of the generator's 64-bit outputs, low half first) that picks the first
+live input whose cumulative weight, scaled to 2**32, is above it (so a weight is honoured to
+2**-32; one under 2**-32 of the live total is not chosen while others are live). The
+sequence of choices depends on nothing else (not on how the inputs' reads were chunked), so the
+output is a function of the inputs' item sequences and the seed: a replay (resume) gives the
+same order. When a choice
+falls on an input that has ended, ``stop="first_exhausted"`` ends the epoch there;
+``"all_exhausted"`` drops the input, discards the choices drawn after it and draws anew from
+the others' weights, renormalised (when the draws happen depends only on which inputs ended
+where, so this too is a function of the inputs).
 
-Cost: per output block (about as long as the inputs' blocks), a few numpy operations and one
-pass that places the items (``interleave``: the C accelerator's, else
-:func:`interleave_reference`, a stable argsort and object-array placement); no Python work per
-item. Memory: one output
-block being placed (at most ``MAX_SLICE`` items), plus each input's current block.
+Cost: one pass (``mix_take``: the C accelerator's, else :func:`mix_take_reference`, its numpy
+specification) maps the draws to inputs and places their items, and their record origins when
+a decoder needs them, until an output block is full or an input's block is used up; Python
+runs once per block, no Python work per item. Memory: one output block being placed (at most
+``MAX_SLICE`` items), plus each input's current block.
 
 An input's seeds that were drawn (``shuffle(seed=None)``) are replaced by seeds derived from the
 mix's seed and the input's place, so the mix's seed (which a resume state carries when it was
@@ -32,6 +35,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import operator
 from numbers import Real
 from typing import Any, Iterator, Optional
 
@@ -43,22 +47,19 @@ from .epoch import INDEX_BITS, EpochRun, takes_header
 from .resume import describe_chain, with_seeds
 from .stages import Mix, close_blocks
 
-__all__ = ["STOP_MODES", "MixedDataset", "describe_inputs", "interleave_reference", "mix",
-           "mix_blocks"]
+__all__ = ["STOP_MODES", "MixedDataset", "describe_inputs", "mix", "mix_blocks",
+           "mix_take_reference"]
 
 STOP_MODES = ("first_exhausted", "all_exhausted")
-#: The choices are uint8 input numbers.
+#: The most inputs a mix takes (the kernel's parts).
 MAX_INPUTS = 255
-#: Choices drawn at once (a numpy call costs the same for 1 or a few thousand).
+#: Choices drawn at once (a generator call costs the same for 1 or a few thousand).
 DRAW = 8192
 #: Items placed per output block: about the inputs' own block length (a reader's block is
-#: bounded in bytes), within these bounds: enough that the per-block numpy calls cost little
+#: bounded in bytes), within these bounds: enough that the per-block Python work costs little
 #: per item, few enough that the records in flight stay modest.
 MIN_SLICE = 64
 MAX_SLICE = 8192
-#: Up to this many inputs, counting each one's choices apart beats np.bincount (and a mask per
-#: input a stable argsort).
-_FEW_INPUTS = 8
 # Keys the derived input seeds apart from any other use of the mix's seed.
 _INPUT_SEED_SALT = 0x6D6978
 
@@ -213,19 +214,16 @@ class _Input:
         self.track = track
         self.items: list = []
         self.ids: Optional[np.ndarray] = None
-        self.pos = 0
         self.done = False
         self.error: Optional[BaseException] = None
         self.names_seen = 0
-        self.block_len = 0  # the longest block it gave
         self.header = outer.decoder is not None and takes_header(outer.decoder)
 
-    def fill(self) -> int:
-        """The items held from the current block; when none are, the next non-empty block is
-        pulled first (none once the input has ended or failed). Blocks are never joined: the
-        mix cuts its slices where an input's block ends."""
-        held = len(self.items) - self.pos
-        while not held and not self.done:
+    def next_block(self) -> bool:
+        """Pulls the next non-empty block into :attr:`items` (and its origins into :attr:`ids`);
+        False once the input has ended or failed. Blocks are never joined: the mix cuts its
+        output blocks where an input's block ends."""
+        while not self.done:
             try:
                 items, ids = next(self.blocks)
             except StopIteration:
@@ -240,17 +238,16 @@ class _Input:
                 continue
             if not isinstance(items, list):
                 items = list(items)
-            self.block_len = max(self.block_len, len(items))
-            self.items, self.pos = items, 0
+            self.items = items
             if self.track:
                 if ids is None:  # no origins from this input: name its first source
                     ids = np.zeros(len(items), np.int64)
-                ids = np.asarray(ids, np.int64)
+                ids = np.ascontiguousarray(ids, np.int64)
                 if self.base:
                     ids = ids + (self.base << INDEX_BITS)
                 self.ids = ids
-            held = len(items)
-        return held
+            return True
+        return False
 
     def _learn_names(self) -> None:
         names = self.run.names
@@ -262,11 +259,6 @@ class _Input:
             # A CSV header the input read: the mix's decoder needs it (and the same one).
             self.header = False
             self.outer.use_header(self.run.header, self.run.header_source)
-
-    def take(self, n: int) -> tuple:
-        start, self.pos = self.pos, self.pos + n
-        ids = self.ids[start:self.pos] if self.track else None
-        return self.items[start:self.pos], ids
 
     def close(self) -> None:
         close_blocks(self.blocks)
@@ -303,26 +295,15 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
                        rng, track)
 
 
-def _draw(rng: np.random.Generator, weights: np.ndarray, live: np.ndarray) -> np.ndarray:
-    """``DRAW`` choices among the live inputs, by weight, as uint8 input numbers: a uniform
-    draw compared with the cumulative weights (cheaper than ``Generator.choice``)."""
+def _bounds(weights: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """The live inputs' cumulative weights scaled to 2**32, as uint64: a draw ``u`` (a uint32)
+    picks the first input ``k`` with ``u < bounds[k]``. An input that has ended (or weighs 0)
+    has an empty range; the last live one ends at 2**32, so rounding never picks past it."""
     p = np.where(live, weights, 0.0)
-    thresholds = np.cumsum(p / p.sum())[:-1].astype(np.float32)
-    last = int(np.flatnonzero(live)[-1])
-    thresholds[last:] = np.inf  # rounding never picks an input past the last live one
-    u = rng.random(DRAW, dtype=np.float32)
-    choices = np.zeros(DRAW, dtype=np.uint8)
-    for threshold in thresholds:  # input k: thresholds[k - 1] <= u < thresholds[k]
-        choices += u >= threshold
-    return choices
-
-
-def _counts(chosen: np.ndarray, k_all: int) -> np.ndarray:
-    """How many of ``chosen`` name each input (``np.bincount``, which is slow on a uint8 array
-    it first widens, for many inputs)."""
-    if k_all > _FEW_INPUTS:
-        return np.bincount(chosen, minlength=k_all)
-    return np.array([np.count_nonzero(chosen == k) for k in range(k_all)])
+    scaled = np.floor(np.cumsum(p / p.sum()) * _BOUND_END)
+    bounds = np.minimum(scaled, _BOUND_END).astype(np.uint64)
+    bounds[int(np.flatnonzero(live)[-1]):] = _BOUND_END
+    return bounds
 
 
 def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
@@ -330,6 +311,12 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
     k_all = len(plans)
     live = weights > 0
     inputs: list = [None] * k_all
+    # What the kernel reads: each input's current block, where its next item is (the kernel
+    # moves it on), and the block's record origins.
+    parts: list = [_NOTHING] * k_all
+    starts: list = [0] * k_all
+    origins: Optional[list] = [_NO_ORIGINS] * k_all if track else None
+    longest = 0  # the longest block an input gave
     try:
         # Built here, not when the epoch's chain is: a closed generator that never started
         # runs no finally, and an input's prefetch thread starts when it is built.
@@ -337,33 +324,30 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
             if plan is not None:
                 inputs[k] = _Input(plan[0], run, plan[1], track)
         while live.any():
-            choices = _draw(rng, weights, live)
+            draws = _draw(rng)
+            bounds = _bounds(weights, live)
             ended = None
-            start = 0
-            while start < DRAW and ended is None:
+            t = 0
+            while t < DRAW:
                 # Output blocks about as long as the inputs' (whose reader bounds their bytes):
-                # how the choices are sliced never changes the order, only the block sizes.
-                step = min(MAX_SLICE, max([MIN_SLICE, *(s.block_len for s in inputs if s)]))
-                chosen = choices[start:start + step]
-                counts = _counts(chosen, k_all)
-                cut = len(chosen)
-                short = None
-                for k in np.flatnonzero(counts):
-                    held = inputs[k].fill()
-                    if held < counts[k]:
-                        # Input k's block (or the input) ends at its held-th choice here: the
-                        # slice stops there, and goes on with its next block.
-                        at = int(np.flatnonzero(chosen == k)[held])
-                        if at < cut:
-                            cut, short = at, int(k)
-                if short is not None and inputs[short].done:
-                    ended = short  # it has no more items (fill pulls only when none are held)
-                start += cut
-                if cut:
-                    if cut < len(chosen):
-                        chosen = chosen[:cut]
-                        counts = _counts(chosen, k_all)
-                    yield _place(inputs, chosen, counts, track)
+                # where the blocks are cut never changes the order, only the block sizes.
+                step = min(MAX_SLICE, max(MIN_SLICE, longest))
+                out = np.empty(step, dtype=np.int64) if track else None
+                items, end, short = _TAKE(draws, t, step, bounds, parts, starts, origins, out)
+                if end > t:
+                    yield items, None if out is None else out[:end - t]
+                t = end
+                if short < 0:
+                    continue
+                # Input `short`'s block is used up: its next one, or it has ended.
+                source = inputs[short]
+                if not source.next_block():
+                    ended = short
+                    break
+                parts[short], starts[short] = source.items, 0
+                if track:
+                    origins[short] = source.ids
+                longest = max(longest, len(source.items))
             if ended is None:
                 continue
             failed = inputs[ended].error
@@ -378,72 +362,112 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                 source.close()
 
 
-def _place(inputs: list, chosen: np.ndarray, counts: np.ndarray, track: bool) -> tuple:
-    """The block of items for the choices ``chosen``: each input's next items, in the choices'
-    order (no Python loop per item)."""
-    present = np.flatnonzero(counts)
-    if len(present) == 1:
-        return inputs[present[0]].take(int(counts[present[0]]))
-    parts, starts = [], []
-    for source in inputs:  # the items stay in the inputs' lists: interleave reads them there
-        parts.append(_NOTHING if source is None else source.items)
-        starts.append(0 if source is None else source.pos)
-    items = _INTERLEAVE(chosen, parts, starts)
-    ids = None
-    if track:
-        ids = np.empty(len(chosen), dtype=np.int64)
-        taken = [inputs[k].ids[starts[k]:starts[k] + counts[k]] for k in present]
-        if len(inputs) > _FEW_INPUTS:
-            ids[np.argsort(chosen, kind="stable")] = np.concatenate(taken)
-        else:  # a mask per input is cheaper than a stable sort
-            for k, part in zip(present, taken):
-                ids[chosen == k] = part
-    for k in present:
-        inputs[k].pos += int(counts[k])
-    return items, ids
+def _draw(rng: np.random.Generator) -> np.ndarray:
+    """``DRAW`` choices: uint32 numbers, two to each of the generator's 64-bit outputs (the
+    cheapest numbers it gives), low half first."""
+    return rng.bit_generator.random_raw(DRAW // 2).astype("<u8", copy=False)
 
 
 _NOTHING: list = []
+_NO_ORIGINS = np.zeros(0, dtype=np.int64)
+_BOUND_END = 1 << 32
+_DRAW_BYTES = 4
 
 
-def interleave_reference(choices: np.ndarray, parts: list, starts: list) -> list:
-    """``out[t]`` is the next item of ``parts[choices[t]]``, starting at
-    ``parts[k][starts[k]]`` (``choices``: uint8 part numbers; ``parts[k]``: a list holding at
-    least as many items from ``starts[k]`` on as ``choices`` names ``k``). The specification of
-    the C kernel ``_speedups.interleave``: same results, same errors."""
-    choices = np.frombuffer(choices, dtype=np.uint8)
+def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: list,
+                       starts: list, origins: Optional[list], origins_out: Any) -> tuple:
+    """The specification of the C kernel ``_speedups.mix_take``: same results, same errors.
+
+    From draw ``begin`` on (``draws``: little-endian uint32), each draw ``u`` picks the first
+    part ``k`` with ``u < bounds[k]`` (``bounds``: uint64, one per part, non-decreasing, the
+    last 2**32) and takes the next item of ``parts[k]`` (a list) from ``starts[k]`` (updated in
+    place). It stops after ``limit`` items, at the end of the draws, or before the first draw
+    whose part holds no item left. Returns ``(items, end, short)``: ``end`` the first draw not
+    used, ``short`` the part that ran out (else -1). ``origins`` (None, or one int64 buffer per
+    part, as long as it) gives the items' origins, written to ``origins_out[:len(items)]``."""
     if not isinstance(parts, list) or not isinstance(starts, list):
-        raise TypeError("interleave() arguments 2 and 3 must be lists")
-    if len(parts) > 256:
-        raise ValueError(f"at most 256 parts, not {len(parts)}")
-    counts = np.bincount(choices, minlength=256)
-    beyond = np.flatnonzero(counts[len(parts):])
-    if len(beyond):
-        raise ValueError(f"choice {len(parts) + beyond[0]} names no part ({len(parts)} parts)")
-    if len(starts) != len(parts):
-        raise ValueError(f"starts has {len(starts)} entries for {len(parts)} parts")
+        raise TypeError("parts and starts must be lists")
+    begin, limit = operator.index(begin), operator.index(limit)  # as the kernel's "n"
+    raw = memoryview(draws)
+    if raw.nbytes % _DRAW_BYTES:
+        raise ValueError(f"draws must be whole 4-byte draws, not {raw.nbytes} bytes")
+    ndraws = raw.nbytes // _DRAW_BYTES
+    if not 0 <= begin <= ndraws:
+        raise ValueError(f"begin {begin} is outside the {ndraws} draws")
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, not {limit}")
+    most = min(limit, ndraws - begin)
+    bounds_view = memoryview(bounds)
+    nparts = len(parts)
+    if not 1 <= nparts <= 256:
+        raise ValueError(f"between 1 and 256 parts, not {nparts}")
+    if bounds_view.itemsize != 8 or bounds_view.nbytes != nparts * 8:
+        raise ValueError(f"bounds must be {nparts} uint64, one per part")
+    bound = np.frombuffer(bounds_view.cast("B"), dtype=np.uint64)
+    if (np.diff(bound.astype(object)) < 0).any() or (bound > _BOUND_END).any():
+        raise ValueError("bounds must be non-decreasing, at most 2**32")
+    if bound[-1] != _BOUND_END:
+        raise ValueError("the last bound must be 2**32")
+    if len(starts) != nparts:
+        raise ValueError(f"starts has {len(starts)} entries for {nparts} parts")
+    if (origins is None) != (origins_out is None):
+        raise TypeError("origins and origins_out are both None or neither")
+    sources = None
+    if origins is not None:
+        if not isinstance(origins, list) or len(origins) != nparts:
+            raise ValueError(f"origins must be a list of {nparts} buffers")
+        out_view = memoryview(origins_out)
+        if out_view.readonly:
+            raise TypeError("origins_out must be writable")
+        if out_view.itemsize != 8 or out_view.nbytes // 8 < most:
+            raise ValueError(f"origins_out must hold {most} int64")
+        sources = []
+        for k, origin in enumerate(origins):
+            view = memoryview(origin)
+            if view.itemsize != 8:
+                raise ValueError(f"origins[{k}] must be a buffer of int64")
+            sources.append(np.frombuffer(view.cast("B"), dtype=np.int64))
     for k, (part, start) in enumerate(zip(parts, starts)):
         if not isinstance(part, list):
             raise TypeError(f"parts[{k}] must be a list")
         if type(start) is not int:
             raise TypeError(f"starts[{k}] must be an int")
-        if not 0 <= start <= len(part) or len(part) - start < counts[k]:
-            raise ValueError(f"parts[{k}] holds {len(part)} items from {start} for {counts[k]}"
-                             " choices")
-    taken = [part[start:start + count] for part, start, count in zip(parts, starts, counts)]
-    out = np.empty(len(choices), dtype=object)
+        if not 0 <= start <= len(part):
+            raise ValueError(f"starts[{k}] is {start}, outside parts[{k}] of {len(part)} items")
+        if sources is not None and len(sources[k]) != len(part):
+            raise ValueError(f"origins[{k}] has {len(sources[k])} entries for {len(part)} items")
+    draw = np.frombuffer(raw.cast("B"), dtype="<u4", count=most, offset=begin * _DRAW_BYTES)
+    choices = np.searchsorted(bound, draw.astype(np.uint64), side="right")
+    n, short = most, -1
+    for k in np.unique(choices).tolist():
+        held = len(parts[k]) - starts[k]
+        where = np.flatnonzero(choices == k)
+        if len(where) > held and where[held] < n:  # its held-th choice finds none left
+            n, short = int(where[held]), k
+    choices = choices[:n]
+    counts = np.bincount(choices, minlength=nparts)
     # Grouped by part, in order within each: where the concatenated parts go.
-    out[np.argsort(choices, kind="stable")] = np.fromiter(
-        itertools.chain.from_iterable(taken), dtype=object, count=len(choices))
-    return out.tolist()
+    order = np.argsort(choices, kind="stable")
+    items = np.empty(n, dtype=object)
+    items[order] = np.fromiter(itertools.chain.from_iterable(
+        part[start:start + count] for part, start, count in zip(parts, starts, counts)),
+        dtype=object, count=n)
+    if sources is not None:
+        placed = np.frombuffer(memoryview(origins_out).cast("B"), dtype=np.int64)
+        placed[order] = np.concatenate([np.zeros(0, np.int64)] + [
+            source[start:start + count] for source, start, count in zip(sources, starts, counts)])
+    for k, count in enumerate(counts.tolist()):
+        if count:
+            starts[k] += count
+    return items.tolist(), begin + n, short
 
 
-def _fast_interleave() -> Any:
+def _fast_take() -> Any:
     try:
         from .. import _speedups
     except ImportError:
-        return interleave_reference
-    return getattr(_speedups, "interleave", interleave_reference)
+        return mix_take_reference
+    return getattr(_speedups, "mix_take", mix_take_reference)
 
 
-_INTERLEAVE = _fast_interleave()
+_TAKE = _fast_take()

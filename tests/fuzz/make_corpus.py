@@ -303,6 +303,24 @@ def shuffle_seeds(rng: random.Random) -> List[bytes]:
     return seeds
 
 
+def mix_take_seeds(rng: random.Random) -> List[bytes]:
+    """Two to a few parts by weight (3/4 and 1/4 as the mix benchmark, equal thirds, an empty
+    range), with and without origins; parts that run out before the draws, draws that run out
+    first, a limit that cuts."""
+    seeds = []
+    for cuts in ([3 << 30], [1 << 30, 2 << 30], [0, 1 << 31, 1 << 31]):
+        k = len(cuts) + 1
+        for origins in (False, True):
+            draws = [rng.getrandbits(32) for _ in range(rng.randint(0, 80))]
+            sizes = [rng.randint(0, 40) for _ in range(k)]
+            starts = [rng.randint(0, s) for s in sizes]
+            seeds.append(T.encode_mix_take(sizes, starts, cuts, draws, origins=origins,
+                                           limit=rng.choice([0, 7, 64, 255])))
+            seeds.append(T.encode_mix_take([200] * k, [0] * k, cuts, draws, begin=3,
+                                           origins=origins))
+    return seeds
+
+
 def crc32c_seeds(rng: random.Random) -> List[bytes]:
     seeds = [T.encode_crc32c(b"123456789"), T.encode_crc32c(b"", start=0xFFFFFFFF)]
     # 511/512/513...: around the length where the AVX-512 kernel starts folding (2 blocks of
@@ -471,6 +489,7 @@ SEEDS = {
     "parse_csv_floats": parse_csv_floats_seeds,
     "shuffle_exchange": shuffle_seeds,
     "shuffle_exchange_int64": shuffle_seeds,
+    "mix_take": mix_take_seeds,
     "crc32c": crc32c_seeds,
     "find_sync": find_sync_seeds,
     "resample": resample_seeds,

@@ -463,6 +463,68 @@ def run_shuffle_exchange_int64(ck: ModuleType, data: bytes) -> None:
     expect_equal("buffer", c_buf.tolist(), ref_buf.tolist())
 
 
+# --- mix ------------------------------------------------------------------------------------------
+
+MIX_END = 1 << 32
+
+
+def encode_mix_take(sizes: Sequence[int], starts: Sequence[int], cuts: Sequence[int],
+                    draws: Sequence[int], *, begin: int = 0, limit: int = 64,
+                    origins: bool = False) -> bytes:
+    """Parts of ``sizes`` items (each < 256) from ``starts``, bounds ``cuts`` (one fewer than
+    the parts; sorted by the decoder), then the draws (uint32)."""
+    head = bytes([len(sizes) - 1, origins, begin, limit])
+    head += b"".join(bytes([n, s]) for n, s in zip(sizes, starts))
+    return head + b"".join(struct.pack("<I", c) for c in cuts) + struct.pack(
+        f"<{len(draws)}I", *draws)
+
+
+def run_mix_take(ck: ModuleType, data: bytes) -> None:
+    """Input: ``k-1 u8 | flags u8 | begin u8 | limit u8 | k x (size u8, start u8) |
+    (k-1) x u32 cut | draws (u32 each; a ragged tail is refused)``; flags bit 0: origins (an
+    int64 array per part), bit 1: a raw cut (unsorted, or past 2**32: refused), bit 2: a start
+    past its part (refused). Reference: ``streamio.pipeline.mix.mix_take_reference``."""
+    from streamio.pipeline.mix import mix_take_reference
+
+    inp = Input(data)
+    k = inp.byte() + 1
+    flags = inp.byte()
+    begin, limit = inp.byte(), inp.byte()
+    sizes, starts = [], []
+    for _ in range(k):
+        size, start = inp.byte(), inp.byte()
+        sizes.append(size)
+        starts.append(start if flags & 4 else start % (size + 1))
+    cuts = [inp.u32() for _ in range(k - 1)]
+    if flags & 2:
+        cuts = [c * 2 if j % 2 else c for j, c in enumerate(cuts)]  # some past 2**32
+    else:
+        cuts.sort()
+    bounds = np.array(cuts + [MIX_END], dtype=np.uint64)
+    draws = inp.rest()
+    begin = min(begin, len(draws) // 4 + 1)  # mostly in range, sometimes one past the end
+    parts = [[("item", j, i) for i in range(size)] for j, size in enumerate(sizes)]
+    origins = ([np.arange(size, dtype=np.int64) * 256 + j for j, size in enumerate(sizes)]
+               if flags & 1 else None)
+    everything = [item for part in parts for item in part]
+    baseline = [sys.getrefcount(x) for x in everything]
+    runs = []
+    for fn in (ck.mix_take, mix_take_reference):
+        given = list(starts)
+        out = None if origins is None else np.full(limit, -1, dtype=np.int64)
+        try:
+            items, end, short = fn(draws, begin, limit, bounds, parts, given, origins, out)
+        except (TypeError, ValueError) as exc:
+            runs.append(("error", type(exc).__name__, str(exc), given))
+            continue
+        runs.append(([id(x) for x in items], end, short, given,
+                     None if out is None else out.tolist()))
+        del items
+    expect_equal("mix_take outcome", runs[0], runs[1])
+    del runs
+    expect_equal("reference counts", [sys.getrefcount(x) for x in everything], baseline)
+
+
 # --- CRC-32C --------------------------------------------------------------------------------------
 
 def encode_crc32c(payload: bytes, *, start: Optional[int] = None, offset: int = 0) -> bytes:
@@ -859,6 +921,7 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
            ("streamio.pipeline.shuffle",)),
     Target("shuffle_exchange_int64", ("shuffle_exchange_int64",), run_shuffle_exchange_int64,
            ("streamio.pipeline.shuffle",)),
+    Target("mix_take", ("mix_take",), run_mix_take, ("streamio.pipeline.mix",)),
     Target("crc32c", ("crc32c", "crc32c_portable", "crc32c_sse42"), run_crc32c, ()),
     Target("find_sync", ("find_tfrecord_sync", "find_recordio_sync", "_find_tfrecord_sync_portable"),
            run_find_sync, ("streamio.formats.tfrecord", "streamio.formats._tfrecord_sync",

@@ -1,5 +1,6 @@
-"""The mix kernel (streamio/_c/mix.c: interleave) against its reference
-(streamio/pipeline/mix.py: interleave_reference): same items, same errors, no reference lost."""
+"""The mix kernel (streamio/_c/mix.c: mix_take) against its reference
+(streamio/pipeline/mix.py: mix_take_reference): same items, origins, stops and errors, no
+reference lost."""
 
 from __future__ import annotations
 
@@ -10,79 +11,158 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamio.pipeline.mix import interleave_reference
+from streamio.pipeline.mix import mix_take_reference
 
 speedups = pytest.importorskip(
     "streamio._speedups", reason="C accelerator not built (python setup.py build_ext --inplace)")
 
 SLOW_OK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                          HealthCheck.data_too_large])
+END = 1 << 32
 
 # Items of every kind a mix hands over: records, raw batches (lists), decoded batches (dicts).
 ITEMS = st.one_of(st.binary(max_size=8), st.lists(st.binary(max_size=3), max_size=3),
                   st.dictionaries(st.just("x"), st.integers(), max_size=1), st.integers())
 
 
-def _outcome(fn, choices, parts, starts):
+def _bounds(data, k: int) -> np.ndarray:
+    """Non-decreasing bounds ending at 2**32; some ranges empty, some a single number."""
+    cuts = sorted(data.draw(st.lists(st.one_of(st.integers(0, END), st.sampled_from(
+        [0, 1, END - 1, END])), min_size=k - 1, max_size=k - 1)))
+    return np.array(cuts + [END], dtype=np.uint64)
+
+
+def _call(fn, args: tuple) -> tuple:
+    """What a call gives (the items by identity), and what it leaves in starts and
+    origins_out."""
+    draws, begin, limit, bounds, parts, starts, origins, out_ids = args
+    starts = list(starts)
+    out_ids = None if out_ids is None else out_ids.copy()
     try:
-        return fn(choices, parts, starts)
-    except (TypeError, ValueError) as exc:
-        return type(exc), str(exc)
+        items, end, short = fn(draws, begin, limit, bounds, parts, starts, origins, out_ids)
+    except (TypeError, ValueError, BufferError) as exc:
+        return (type(exc), str(exc)), starts, None
+    written = None if out_ids is None else out_ids[:len(items)].tolist()
+    return ([id(x) for x in items], end, short), starts, written
 
 
 @SLOW_OK
-@given(k=st.integers(1, 6), data=st.data())
-def test_interleave_equals_the_reference(k, data):
-    choices = np.array(data.draw(st.lists(st.integers(0, k - 1), max_size=80)), dtype=np.uint8)
-    parts = [data.draw(st.lists(ITEMS, min_size=int(np.count_nonzero(choices == j)),
-                                max_size=int(np.count_nonzero(choices == j))))
-             for j in range(k)]
+@given(k=st.integers(1, 12), track=st.booleans(), data=st.data())
+def test_mix_take_equals_the_reference(k, track, data):
+    ndraws = data.draw(st.integers(0, 60))
+    draws = data.draw(st.binary(min_size=4 * ndraws, max_size=4 * ndraws))
+    bounds = _bounds(data, k)
     # Fresh objects (a drawn b"" or small int is shared by everyone: its count moves on its own).
-    parts = [[[item] for item in part] for part in parts]
-    # Items before the start (already placed) and after the last one needed (not yet).
-    starts = [data.draw(st.integers(0, 3)) for _ in range(k)]
-    parts = [[["before", i] for i in range(start)] + part + [["after"]] * data.draw(
-        st.integers(0, 2)) for start, part in zip(starts, parts)]
+    parts = [[[item] for item in data.draw(st.lists(ITEMS, max_size=12))] for _ in range(k)]
+    starts = [data.draw(st.integers(0, len(part))) for part in parts]
+    origins = [np.arange(len(p), dtype=np.int64) + 100 * j for j, p in enumerate(parts)]
+    limit = data.draw(st.integers(0, 40))
+    begin = data.draw(st.integers(0, ndraws))
+    out_ids = np.full(limit, -1, dtype=np.int64)
+    args = (draws, begin, limit, bounds, parts, starts, origins if track else None,
+            out_ids if track else None)
     everything = [item for part in parts for item in part]
     baseline = [sys.getrefcount(item) for item in everything]
-    expected = interleave_reference(choices, parts, starts)
-    got = speedups.interleave(choices, parts, starts)
-    assert got == expected
-    assert all(a is b for a, b in zip(got, expected))  # the same objects, not copies
-    # Each part's items come out in order, at the places its choices say.
-    for j, (part, start) in enumerate(zip(parts, starts)):
-        chosen = np.flatnonzero(choices == j)
-        assert [got[t] for t in chosen] == part[start:start + len(chosen)]
-    del got, expected
+    expected = _call(mix_take_reference, args)
+    got = _call(speedups.mix_take, args)
+    assert got == expected  # the same objects, origins, stop and starts
+    items, end, short = speedups.mix_take(draws, begin, limit, bounds, parts, list(starts),
+                                          None, None)
+    # Each draw picked the part its bounds say, and each part's items came out in order.
+    u = np.frombuffer(draws, "<u4")
+    taken = dict.fromkeys(range(k), 0)
+    for t in range(begin, end):
+        j = int(np.argmax(u[t] < bounds))
+        assert items[t - begin] is parts[j][starts[j] + taken[j]]
+        taken[j] += 1
+    assert got[1] == [s + taken[j] for j, s in enumerate(starts)]
+    if short >= 0:  # the draw at `end` names a part with nothing left
+        assert np.argmax(u[end] < bounds) == short
+        assert starts[short] + taken[short] == len(parts[short])
+    else:
+        assert len(items) == limit or end == ndraws
+    del items, got, expected
     assert [sys.getrefcount(item) for item in everything] == baseline  # none leaked or lost
 
 
 @SLOW_OK
 @given(data=st.data())
-def test_interleave_refuses_what_the_reference_refuses(data):
+def test_mix_take_refuses_what_the_reference_refuses(data):
     k = data.draw(st.integers(0, 4))
-    choices = np.array(data.draw(st.lists(st.integers(0, 6), max_size=20)), dtype=np.uint8)
-    parts = [data.draw(st.one_of(st.lists(st.integers(), max_size=6),
-                                 st.tuples(st.integers()))) for _ in range(k)]
+    draws = data.draw(st.binary(max_size=30))
+    begin = data.draw(st.integers(-1, 8))
+    limit = data.draw(st.integers(-1, 8))
+    bounds = data.draw(st.one_of(
+        st.builds(lambda v: np.array(v, dtype=np.uint64),
+                  st.lists(st.sampled_from([0, 5, END - 1, END, END + 1]), max_size=5)),
+        st.just(b"12345678")))
+    parts = [data.draw(st.one_of(st.lists(st.integers(), max_size=6), st.tuples(st.integers())))
+             for _ in range(k)]
     starts = data.draw(st.lists(st.one_of(st.integers(-2, 8), st.just(1.0)),
                                 min_size=max(0, k - 1), max_size=k + 1))
-    assert _outcome(speedups.interleave, choices, parts, starts) == _outcome(
-        interleave_reference, choices, parts, starts)
+    track = data.draw(st.booleans())
+    origins = [np.zeros(data.draw(st.integers(0, 6)), np.int64) for _ in range(k)]
+    out_ids = np.zeros(data.draw(st.integers(0, 6)), np.int64)
+    args = (draws, begin, limit, bounds, parts, starts, origins if track else None,
+            out_ids if track else None)
+    assert _call(speedups.mix_take, args) == _call(mix_take_reference, args)
 
 
-def test_interleave_checks_its_arguments():
-    for fn in (speedups.interleave, interleave_reference):
-        with pytest.raises(ValueError, match="at most 256 parts"):
-            fn(np.zeros(0, np.uint8), [[]] * 257, [0] * 257)
-        with pytest.raises(ValueError, match="choice 2 names no part"):
-            fn(np.array([0, 2], np.uint8), [[1], []], [0, 0])
-        with pytest.raises(ValueError, match=r"parts\[0\] holds 2 items from 1 for 2 choices"):
-            fn(np.array([0, 0], np.uint8), [[1, 2]], [1])
+def test_mix_take_checks_its_arguments():
+    one = np.array([END], np.uint64)
+    for fn in (speedups.mix_take, mix_take_reference):
+        def call(draws=b"\0" * 8, begin=0, limit=2, bounds=one, parts=None, starts=None,
+                 origins=None, out_ids=None):
+            return fn(draws, begin, limit, bounds, [[1, 2]] if parts is None else parts,
+                      [0] if starts is None else starts, origins, out_ids)
+
+        with pytest.raises(ValueError, match="whole 4-byte draws, not 5 bytes"):
+            call(draws=b"12345")
+        with pytest.raises(ValueError, match="begin 3 is outside the 2 draws"):
+            call(begin=3)
+        with pytest.raises(ValueError, match="limit must be >= 0, not -1"):
+            call(limit=-1)
+        with pytest.raises(ValueError, match="between 1 and 256 parts, not 257"):
+            call(parts=[[]] * 257, starts=[0] * 257)
+        with pytest.raises(ValueError, match="between 1 and 256 parts, not 0"):
+            call(parts=[], starts=[])
+        with pytest.raises(ValueError, match="bounds must be 2 uint64"):
+            call(parts=[[1], [2]], starts=[0, 0])
+        with pytest.raises(ValueError, match="non-decreasing"):
+            call(bounds=np.array([5, 4, END], np.uint64), parts=[[]] * 3, starts=[0] * 3)
+        with pytest.raises(ValueError, match="the last bound must be 2"):
+            call(bounds=np.array([END - 1], np.uint64))
         with pytest.raises(ValueError, match="starts has 2 entries for 1 parts"):
-            fn(np.array([0], np.uint8), [[1]], [0, 0])
-        with pytest.raises(TypeError):
-            fn(np.array([0], np.uint8), ([1],), [0])
+            call(starts=[0, 0])
+        with pytest.raises(TypeError, match="both None or neither"):
+            call(origins=[np.zeros(2, np.int64)])
+        with pytest.raises(ValueError, match="origins_out must hold 2 int64"):
+            call(origins=[np.zeros(2, np.int64)], out_ids=np.zeros(1, np.int64))
+        with pytest.raises(ValueError, match=r"origins\[0\] has 1 entries for 2 items"):
+            call(origins=[np.zeros(1, np.int64)], out_ids=np.zeros(2, np.int64))
+        with pytest.raises(ValueError, match=r"starts\[0\] is 3, outside parts\[0\] of 2"):
+            call(starts=[3])
         with pytest.raises(TypeError, match=r"starts\[0\] must be an int"):
-            fn(np.array([0], np.uint8), [[1]], [True])
-    with pytest.raises(TypeError):
-        speedups.interleave(np.array([0], np.int64), [[1]], [0])  # not uint8
+            call(starts=[True])
+        with pytest.raises(TypeError, match=r"parts\[0\] must be a list"):
+            call(parts=[(1, 2)])
+        with pytest.raises(TypeError, match="must be lists"):
+            call(parts=([1, 2],))
+
+
+def test_mix_take_stops_where_a_part_runs_out_and_moves_the_starts_on():
+    """Draws of 0 pick part 0, draws of 2**32 - 1 part 1: the pass stops before the draw whose
+    part has nothing left, says which, and the caller goes on from there."""
+    draws = np.array([0, END - 1, 0, 0, END - 1], dtype="<u4").tobytes()
+    bounds = np.array([1 << 31, END], np.uint64)
+    a, b = [["a", i] for i in range(2)], [["b", i] for i in range(5)]
+    for fn in (speedups.mix_take, mix_take_reference):
+        parts, starts = [a, b], [0, 0]
+        origins = [np.array([10, 11], np.int64), np.arange(20, 25, dtype=np.int64)]
+        ids = np.zeros(4, np.int64)
+        items, end, short = fn(draws, 0, 4, bounds, parts, starts, origins, ids)
+        assert (items, end, short) == ([a[0], b[0], a[1]], 3, 0)
+        assert ids[:3].tolist() == [10, 20, 11] and starts == [2, 1]
+        parts[0], starts[0] = [["a", 2]], 0  # its next block
+        assert fn(draws, 3, 1, bounds, parts, starts, None, None) == ([["a", 2]], 4, -1)
+        assert starts == [1, 1]

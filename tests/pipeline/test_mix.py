@@ -84,7 +84,7 @@ def test_the_numpy_fallback_places_items_as_the_c_kernel_does(ab, monkeypatch):
         return list(streamio.mix(inputs, [0.6, 0.4], seed=3, stop="all_exhausted").batch(7))
 
     fast = epoch()
-    monkeypatch.setattr(mix_module, "_INTERLEAVE", mix_module.interleave_reference)
+    monkeypatch.setattr(mix_module, "_TAKE", mix_module.mix_take_reference)
     assert epoch() == fast
 
 
