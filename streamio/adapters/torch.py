@@ -568,14 +568,14 @@ class StreamDataset(torch.utils.data.IterableDataset):
         if (old_world, old_workers) == (world_size, num_workers):
             own = known.get((rank, worker))
             return None if own is None else own[1]
+        from ..pipeline.resume import make_state, with_seeds
+
         template = next(inner for _, inner in known.values() if inner is not None)
         out = []
         for r in range(old_world):
             for w in range(old_workers):
                 found = known.get((r, w), (None, None))[1]
                 if found is None:  # that reader had delivered nothing: all of its share is left
-                    from ..pipeline.resume import make_state, with_seeds
-
                     old = self.plan(epoch=epoch, rank=r, world_size=old_world, worker=w,
                                     num_workers=old_workers)
                     found = make_state(with_seeds(old, template["seeds"]), epoch, 0, False)

@@ -170,31 +170,25 @@ def iter_from_states(ds: Any, states: list) -> Any:
     one of the old shards, else an elastic one."""
     check_states(states)
     epoch = _epoch_of(states, "")
-    own = [s for s in states if s.get("shards") == [list(x) for x in ds._shard_layers]
+    layers = list(ds._shard_layers)
+    own = [s for s in states if s.get("shards") == [list(x) for x in layers]
            and s.get("place") == _place(ds)]
-    layers_known = all("shards" in s for s in states)
-    if not layers_known and len(states) == 1:
+    if len(states) == 1 and "shards" not in states[0]:
         return ds.iter_from(states[0])  # a state from before elastic resume: same layout only
     universe, old = _layout(states, "")
-    if len(own) == 1 and len(old) == _share_count(universe, ds):
+    deal = _deal(universe, layers)
+    if len(own) == 1 and deal is not None and deal[0] == len(old):
         return ds.iter_from(own[0])  # the same layout: this shard's own state, exactly
-    deal = _deal(universe, list(ds._shard_layers))
     if deal is None:
         raise UsageError(f"resume states: they split the Dataset with shard layers {universe}"
-                         f" and this one is sharded {list(ds._shard_layers)}: an elastic resume"
-                         " needs the same Dataset with only the last shard() changed")
+                         f" and this one is sharded {layers}: an elastic resume needs the same"
+                         " Dataset with only the last shard() changed")
     _check_rereadable(ds)
     pinned = ds._context.epoch
     if pinned is not None and pinned != epoch:
         raise UsageError(f"resume state: 'epoch' is {epoch}, but this Dataset is pinned to epoch"
                          f" {pinned} (with_context)")
-    elastic = {"from": old, "deal": list(deal)}
-    return _start(ds, epoch, elastic, 0)
-
-
-def _share_count(universe: list, ds: Any) -> int:
-    deal = _deal(universe, list(ds._shard_layers))
-    return 0 if deal is None else deal[0]
+    return _start(ds, epoch, {"from": old, "deal": list(deal)}, 0)
 
 
 def _place(ds: Any) -> list:

@@ -17,7 +17,10 @@ workers, :mod:`streamio.sharing`):
   ids)]`` that an epoch reads instead of opening its sources: ``records`` a list of
   ``bytes``, ``ids`` their origins (an int64 array) when ``run.track_ids``, else None; it
   names each source it delivers with ``run.name_source(ordinal, name)`` and may count into
-  ``run.stats`` (an :class:`~streamio.pipeline.EpochStats`); ``run.epoch`` is the epoch.
+  ``run.stats`` (an :class:`~streamio.pipeline.EpochStats`); ``run.epoch`` is the epoch. A
+  Dataset with a feed resumes mid-epoch only if the feed says that an epoch gives the same
+  records again (a ``replayable = True`` attribute); otherwise a mid-epoch state is refused
+  (a shared stream deals by request: a replay would hand each reader other records).
 - **reading the sources** without stages or decoder: :meth:`EpochRun.for_sources` (every
   record with its origin, after the Dataset's ``shard()`` layers); iterate its
   :meth:`~EpochRun.read_blocks` and read :attr:`~EpochRun.names`.
