@@ -538,6 +538,10 @@ class Dataset:
         if state.get("finished"):
             it.close()
             it._ended = True
+            drain = getattr(plan._feed, "drain", None)
+            if drain is not None:
+                # A shared stream's epoch goes on for the other readers: take part, take nothing.
+                drain(it._stats)
         return it
 
     def load_state_dict(self, state: Any) -> None:

@@ -42,6 +42,8 @@ from typing import Any, Iterator, Optional
 
 from ..errors import UsageError
 from . import resume as _resume
+from .dealing import Demux, cut_blocks
+from .epoch import EpochRun
 from .resume import Deal, Selection, SkipFirst
 from .stages import close_blocks
 from .stats import EpochStats
@@ -50,10 +52,23 @@ __all__ = ["check_states", "iter_from_states", "resume_elastic_state"]
 
 
 def _layers(state: dict, where: str) -> list:
+    """The state's shard layers, its share of a dealt stream last (``stream``)."""
     if "shards" not in state or "place" not in state:
         raise UsageError(f"resume state {where}: it has no 'shards'/'place' (taken by a streamio"
                          " before elastic resume): it resumes only on the layout it was taken on")
-    return [tuple(layer) for layer in state["shards"]]
+    layers = [tuple(layer) for layer in state["shards"]]
+    if "stream" in state:
+        layers.append(tuple(state["stream"]))
+    return layers
+
+
+def _ds_layers(ds: Any) -> list:
+    """``ds``'s shard layers, its share of a dealt stream last."""
+    layers = [tuple(layer) for layer in ds._shard_layers]
+    share = _resume.stream_share(ds)
+    if share is not None:
+        layers.append(tuple(share))
+    return layers
 
 
 def _layout(states: list, where: str) -> tuple:
@@ -91,30 +106,32 @@ def _deal(universe: list, layers: list) -> Optional[tuple]:
     return None
 
 
-def _check_rereadable(ds: Any) -> None:
+def _read_once(ds: Any) -> bool:
+    """Whether ``ds`` reads a stream that can be read only once (a FIFO, a ``PipeChannel``,
+    stdin), alone or shared with other readers: the old shards are then replayed together
+    from one read of it (:func:`_start_one_read`)."""
     from ..adapters import is_single_stream
 
-    if ds._feed is not None:
-        raise UsageError("an elastic resume cannot replay a stream shared by several readers"
-                         " (blocks went to whichever reader asked first, and a state does not"
-                         " record which): resume on the layout the states were taken on")
-    for source in ds._all_sources:
-        if is_single_stream(source):
-            from ..sources import source_name
-
-            raise UsageError(f"an elastic resume reads every old shard's epoch again, and"
-                             f" {source_name(source)} can be read only once: resume on the layout"
-                             " the states were taken on")
+    return ds._feed is not None or any(is_single_stream(s) for s in ds._all_sources)
 
 
-def _old_plan(ds: Any, state: dict, where: str) -> Any:
+def _dealt(elastic: dict) -> bool:
+    """Whether the old readers shared a stream dealt among them (then they are replayed
+    together from one read of it, even where it could be read again)."""
+    return any("stream" in state or ("elastic" in state and _dealt(state["elastic"]))
+               for state in elastic["from"])
+
+
+def _old_plan(ds: Any, state: dict, where: str, feed: Any = None) -> Any:
     """The Dataset the old shard ran, rebuilt from ``ds`` and the state, and checked against it
-    (the state's chain digest)."""
+    (the state's chain digest); ``feed``: its share of a stream read once."""
     rank, world, worker, workers = state["place"]
     plan = ds._unsharded().with_context(epoch=state["epoch"], rank=rank, world_size=world,
                                         worker=worker, num_workers=workers)
     for n, i in state["shards"]:
         plan = plan.shard(n, i)
+    if feed is not None:
+        plan = plan.with_feed(feed)
     try:  # before the state's seeds replace the plan's: a seed given explicitly must match
         _resume.check_state(plan, state)
     except UsageError as exc:
@@ -170,11 +187,10 @@ def iter_from_states(ds: Any, states: list) -> Any:
     one of the old shards, else an elastic one."""
     check_states(states)
     epoch = _epoch_of(states, "")
-    layers = list(ds._shard_layers)
-    own = [s for s in states if s.get("shards") == [list(x) for x in layers]
-           and s.get("place") == _place(ds)]
     if len(states) == 1 and "shards" not in states[0]:
         return ds.iter_from(states[0])  # a state from before elastic resume: same layout only
+    layers = _ds_layers(ds)
+    own = [s for s in states if _layers(s, "") == layers and s.get("place") == _place(ds)]
     universe, old = _layout(states, "")
     deal = _deal(universe, layers)
     if len(own) == 1 and deal is not None and deal[0] == len(old):
@@ -183,7 +199,6 @@ def iter_from_states(ds: Any, states: list) -> Any:
         raise UsageError(f"resume states: they split the Dataset with shard layers {universe}"
                          f" and this one is sharded {layers}: an elastic resume needs the same"
                          " Dataset with only the last shard() changed")
-    _check_rereadable(ds)
     pinned = ds._context.epoch
     if pinned is not None and pinned != epoch:
         raise UsageError(f"resume state: 'epoch' is {epoch}, but this Dataset is pinned to epoch"
@@ -200,39 +215,46 @@ def resume_elastic_state(ds: Any, state: dict) -> Any:
     """:meth:`Dataset.iter_from` with the state of an epoch that was itself resumed
     elastically, on the layout it was taken on."""
     _resume.check_state(ds, state)
-    _check_rereadable(ds)
     universe, _ = _layout(state["elastic"]["from"], ".elastic.from")
-    if _deal(universe, list(ds._shard_layers)) != tuple(state["elastic"]["deal"]):
+    if _deal(universe, _ds_layers(ds)) != tuple(state["elastic"]["deal"]):
         raise UsageError(f"resume state: its 'elastic' 'deal' {state['elastic']['deal']} is not"
-                         f" this Dataset's share (shards {list(ds._shard_layers)})")
-    it = _start(ds, state["epoch"], state["elastic"], state["delivered"])
+                         f" this Dataset's share (shards {_ds_layers(ds)})")
+    if state["finished"] and (_read_once(ds) or _dealt(state["elastic"])):
+        it = _start(ds, state["epoch"], state["elastic"], state["delivered"], done=True)
+    else:
+        it = _start(ds, state["epoch"], state["elastic"], state["delivered"])
     if state["finished"]:
         it.close()
         it._ended = True
     return it
 
 
-def _start(ds: Any, epoch: int, elastic: dict, delivered: int) -> Any:
+def _start(ds: Any, epoch: int, elastic: dict, delivered: int, done: bool = False) -> Any:
     """The resumed epoch: the old shards' remainders, this shard's deal of them, from the
-    ``delivered``-th item on."""
+    ``delivered``-th item on (``done``: none of it, though a shared stream's epoch is still
+    taken part in)."""
     from .iterator import EpochIterator
 
     carrier = {"finished": False, "delivered": delivered, "elastic": elastic,
                "shards": [list(x) for x in ds._shard_layers], "place": _place(ds)}
-    runs = _remainder(ds, carrier, "")
+    share = _resume.stream_share(ds)
+    if share is not None:
+        carrier["stream"] = share
     stats = EpochStats(epoch)
     ds._last_stats = stats
     if ds._context.epoch is None:
         ds._epochs_started = epoch + 1
-    it = EpochIterator(_chain(runs, epoch, stats, delivered), stats, batched=ds._batched())
+    if _read_once(ds) or _dealt(elastic):
+        blocks = _start_one_read(ds, carrier, epoch, stats, done)
+    else:
+        blocks = _chain(_remainder(ds, carrier, ""), epoch, stats, delivered)
+    it = EpochIterator(blocks, stats, batched=ds._batched())
     it._origin = (ds, epoch, delivered, elastic)
     return it
 
 
 def _chain(runs: list, epoch: int, stats: EpochStats, delivered: int) -> Iterator[tuple]:
     """The runs one after another, each opened when the one before has ended."""
-    from .epoch import EpochRun
-
     last_skip = None
     for plan, filters in runs:
         run = EpochRun(plan, epoch, stats)
@@ -249,3 +271,155 @@ def _chain(runs: list, epoch: int, stats: EpochStats, delivered: int) -> Iterato
         raise UsageError(f"resume state: 'delivered' is {delivered}, but this shard's share of"
                          f" the epoch holds only {last_skip.seen} items: the state is not this"
                          " pipeline's (or its data changed)")
+
+
+# -- a stream read once: the old shards replayed together -----------------------------------------
+class _Leaf:
+    """An old reader's replay: its state, and the filters that pick its items (its own
+    ``SkipFirst`` first; the ``Deal`` of the level above, when that level is a plain deal)."""
+
+    def __init__(self, state: dict, where: str, filters: list) -> None:
+        self.state, self.where, self.filters = state, where, filters
+        self.plan: Any = None
+        self.share = tuple(state.get("stream", (1, 0)))
+
+
+class _Merge:
+    """An elastic epoch's items: its old shards' items taken in turn, one each (a fixed rule,
+    so a state of it resumes), then its own filters."""
+
+    def __init__(self, children: list, filters: list) -> None:
+        self.children, self.filters = children, filters
+
+
+def _tree(ds: Any, state: dict, where: str, extra: list) -> Any:
+    """What replays ``state``'s shard, or None when it has nothing left."""
+    if state["finished"]:
+        if state.get("elastic") is None:
+            _old_plan(ds, state, where, _Unread(state))  # checked, finished or not
+        return None
+    elastic = state.get("elastic")
+    skip = SkipFirst(state["delivered"])
+    if elastic is None:
+        return _Leaf(state, where, [skip] + extra)
+    universe, old = _layout(elastic["from"], f"{where}.elastic.from")
+    if _deal(universe, _layers(state, where)) != tuple(elastic["deal"]):
+        raise UsageError(f"resume state {where}: its 'elastic' 'deal' {elastic['deal']} does not"
+                         f" fit its shards {_layers(state, where)}")
+    m, j = elastic["deal"]
+    children = [_tree(ds, inner, f"{where}.elastic.from[{s}]", [Deal(m, j, s)])
+                for s, inner in enumerate(old)]
+    return _Merge([c for c in children if c is not None], [skip] + extra)
+
+
+class _Unread:
+    """The feed of a finished old reader's plan, built only to check it against its state."""
+
+    replayable = True
+
+    def __init__(self, state: dict) -> None:
+        self.dealt = tuple(state["stream"]) if "stream" in state else None
+
+    def __call__(self, run: Any) -> Iterator[tuple]:
+        return iter(())
+
+
+def _leaves(node: Any) -> list:
+    if isinstance(node, _Leaf):
+        return [node]
+    return [leaf for child in node.children for leaf in _leaves(child)]
+
+
+def _start_one_read(ds: Any, carrier: dict, epoch: int, stats: EpochStats,
+                    done: bool) -> Iterator[tuple]:
+    """An elastic epoch over a stream read once: every old reader's share is replayed from
+    one read of it (each reader of a shared stream gets every block of this epoch:
+    :mod:`streamio.pipeline.dealing`), the replays read in turn."""
+    root = _tree(ds, carrier, "", [])
+    leaves = [] if root is None or done else _leaves(root)
+    shares = {leaf.share[0] for leaf in leaves} or {1}
+    if len(shares) > 1:
+        raise UsageError(f"resume states: the old readers shared the stream among different"
+                         f" numbers of readers {sorted(shares)}: give one checkpoint's states")
+    readers = shares.pop()
+    feed = ds._feed
+    if feed is not None and not hasattr(feed, "every_block"):
+        raise UsageError("an elastic resume cannot replay this Dataset's feed (it gives no"
+                         " 'every_block'): resume on the layout the states were taken on")
+    host = [list(layer) for layer in ds._shard_layers]
+    for leaf in leaves:
+        if leaf.state["shards"] != host:
+            raise UsageError(f"resume state {leaf.where}: its reader read the stream with shard"
+                             f" layers {leaf.state['shards']} (its own copy of it), this Dataset"
+                             f" with {host}: a stream read once is replayed only from the"
+                             " states of readers that shared it (to_torch's DataLoader workers"
+                             " and local ranks) or of its one reader")
+    if not leaves:
+        if feed is not None:
+            feed.drain(stats, broadcast=True)  # the others' epoch goes on without this reader
+        return iter(())
+    source = feed.every_block(stats) if feed is not None else cut_blocks(ds, epoch, stats)
+    demux = Demux(source, readers, {leaf.share[1] for leaf in leaves})
+    for leaf in leaves:
+        leaf.plan = _old_plan(ds, leaf.state, leaf.where, demux.feed(leaf.share[1]))
+    return _replay(root, demux, epoch, stats)
+
+
+def _replay(root: Any, demux: Demux, epoch: int, stats: EpochStats) -> Iterator[tuple]:
+    try:
+        for items in _items(root, epoch, stats):
+            yield items, None
+    finally:
+        demux.close()
+
+
+def _items(node: Any, epoch: int, stats: EpochStats) -> Iterator[list]:
+    """Lists of ``node``'s items, in order."""
+    if isinstance(node, _Leaf):
+        run = EpochRun(node.plan, epoch, stats)
+        run.fast_forward = _resume.plan_fast_forward(
+            node.plan._stages, node.plan._decoder is not None, node.filters[0].n,
+            Selection(node.filters))
+        blocks = run.build()
+        try:
+            for block in blocks:
+                if block[0]:
+                    yield block[0]
+        finally:
+            close_blocks(blocks)
+        return
+    children = [_each(_items(child, epoch, stats)) for child in node.children]
+    selection = Selection(node.filters)
+    out: list = []
+    try:
+        live = children
+        while live:
+            going = []
+            for child in live:
+                for item in child:
+                    out.append(item)
+                    going.append(child)
+                    break
+            live = going
+            if len(out) >= 64 or (out and not live):
+                chosen = selection.pick(len(out))
+                kept = out[chosen] if isinstance(chosen, slice) else [out[i] for i in chosen]
+                out = []
+                if kept:
+                    yield kept
+    finally:
+        for child in children:
+            child.close()
+    skip = node.filters[0]
+    if skip.seen < skip.n:
+        raise UsageError(f"resume state: 'delivered' is {skip.n}, but this shard's share of"
+                         f" the epoch holds only {skip.seen} items: the state is not this"
+                         " pipeline's (or its data changed)")
+
+
+def _each(lists: Iterator[list]) -> Iterator[Any]:
+    try:
+        for items in lists:
+            yield from items
+    finally:
+        lists.close()

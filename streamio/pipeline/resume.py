@@ -81,7 +81,7 @@ __all__ = ["STATE_VERSION", "Deal", "FastForward", "Selection", "SkipFirst", "ch
 STATE_VERSION = 1
 _KEY = "streamio_resume"
 _FIELDS = (_KEY, "epoch", "delivered", "finished", "seeds", "chain", "check", "shards", "place",
-           "elastic")
+           "stream", "elastic")
 #: An elastic state holds the states it resumed from; bounds on what a state may hold.
 _MAX_NESTING = 4
 _MAX_SHARDS = 65536
@@ -143,8 +143,18 @@ def describe_chain(ds: Any) -> str:
         "round_robin": [list(layer) for layer in ds._round_robin],
         "place": [ctx.rank, ctx.world_size, ctx.worker, ctx.num_workers],
     }
+    dealt = stream_share(ds)
+    if dealt is not None:
+        description["stream"] = dealt
     text = json.dumps(description, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def stream_share(ds: Any) -> Optional[list]:
+    """``[readers, index]``: the share of a stream dealt to several readers that ``ds``
+    reads (its feed's ``dealt``: :mod:`streamio.pipeline.dealing`), or None."""
+    dealt = getattr(ds._feed, "dealt", None)
+    return None if dealt is None else [int(dealt[0]), int(dealt[1])]
 
 
 def _seeds_check(chain: str, seeds: list) -> str:
@@ -167,6 +177,9 @@ def make_state(ds: Any, epoch: int, delivered: int, finished: bool,
              "check": _seeds_check(chain, seeds),
              "shards": [list(layer) for layer in ds._shard_layers],
              "place": [ctx.rank, ctx.world_size, ctx.worker, ctx.num_workers]}
+    dealt = stream_share(ds)
+    if dealt is not None:
+        state["stream"] = dealt
     if elastic is not None:
         state["elastic"] = elastic
     return state
@@ -187,6 +200,11 @@ def _check_layout(state: dict) -> None:
             raise UsageError(f"resume state: 'shards' must be a list of at most {_MAX_LAYERS}"
                              f" [num_shards, index] pairs (2 <= num_shards <= {_MAX_SHARDS},"
                              f" index < num_shards), not {shards!r:.80}")
+    if "stream" in state:
+        stream = state["stream"]
+        if not (_int_list(stream, 2) and 2 <= stream[0] <= _MAX_SHARDS and stream[1] < stream[0]):
+            raise UsageError(f"resume state: 'stream' must be [readers, index] with 2 <= readers"
+                             f" <= {_MAX_SHARDS} and index < readers, not {stream!r:.80}")
     if "place" in state:
         place = state["place"]
         if not (_int_list(place, 4) and place[0] < place[1] <= _MAX_SHARDS
@@ -278,8 +296,9 @@ def check_state(ds: Any, state: Any) -> dict:
         _check_stage_seed(stage, seed, position)
     for key, mine in (("shards", [list(layer) for layer in ds._shard_layers]),
                       ("place", [ds._context.rank, ds._context.world_size, ds._context.worker,
-                                 ds._context.num_workers])):
-        if key in state and state[key] != mine:
+                                 ds._context.num_workers]),
+                      ("stream", stream_share(ds))):
+        if (key in state or mine is None) and state.get(key) != mine:
             raise UsageError(f"resume state: {key!r} is {state[key]}, this Dataset's is {mine}:"
                              " the state is another shard's (give the list of every shard's"
                              " states to resume on another layout)")

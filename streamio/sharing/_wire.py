@@ -6,8 +6,11 @@ is a :class:`~streamio.errors.SourceError` saying what was wrong. Nothing is unp
 
 Client -> dealer: a hello, then one byte per request (``W``) and a goodbye (``B``)::
 
-    hello  = b"sio\\x01" | u32 local rank | u32 worker | u32 the rank's num_workers
-             | u32 local world size                                      (little-endian)
+    hello  = b"sio\\x02" | u32 local rank | u32 worker | u32 the rank's num_workers
+             | u32 local world size | u32 flags                          (little-endian)
+
+flags: ``BROADCAST`` (1): the reader replays an elastic resume and takes every block;
+``DONE`` (2): the reader's share was delivered before a resume and it takes none.
 
 Dealer -> client: messages of ``u8 kind | 3 zero bytes | u32 count | u64 payload size``:
 
@@ -31,8 +34,9 @@ import numpy as np
 from .. import errors
 from ..errors import SourceError, StreamioError
 
-HELLO_MAGIC = b"sio\x01"
-HELLO = struct.Struct("<4sIIII")
+HELLO_MAGIC = b"sio\x02"
+HELLO = struct.Struct("<4sIIIII")
+BROADCAST, DONE = 1, 2
 HEADER = struct.Struct("<BxxxIQ")
 BLOCK, END, ERROR = 1, 2, 3
 WANT, BYE = b"W", b"B"
@@ -48,7 +52,7 @@ _FIELDS = ("source", "offset", "record_index", "field", "item_index", "reason")
 
 
 class Hello(tuple):
-    """``(local_rank, worker, num_workers, local_world)`` of a reader's hello."""
+    """``(local_rank, worker, num_workers, local_world, flags)`` of a reader's hello."""
 
     __slots__ = ()
 
@@ -56,15 +60,20 @@ class Hello(tuple):
     def who(self) -> tuple:
         return self[0], self[1]
 
+    @property
+    def flags(self) -> int:
+        return self[4]
 
-def encode_hello(local_rank: int, worker: int, num_workers: int, local_world: int) -> bytes:
-    return HELLO.pack(HELLO_MAGIC, local_rank, worker, num_workers, local_world)
+
+def encode_hello(local_rank: int, worker: int, num_workers: int, local_world: int,
+                 flags: int = 0) -> bytes:
+    return HELLO.pack(HELLO_MAGIC, local_rank, worker, num_workers, local_world, flags)
 
 
 class ClientParser:
     """The dealer's view of one client's bytes: ``feed(data)`` returns the events they complete
     (a :class:`Hello` first, then ``"want"`` / ``"bye"``); bytes that are not the protocol raise
-    ``SourceError``. Holds at most one partial hello (20 bytes)."""
+    ``SourceError``. Holds at most one partial hello (24 bytes)."""
 
     def __init__(self) -> None:
         self.hello: Optional[Hello] = None
@@ -94,14 +103,16 @@ class ClientParser:
 
 
 def parse_hello(data: bytes) -> Hello:
-    magic, rank, worker, num_workers, local_world = HELLO.unpack(data)
+    magic, rank, worker, num_workers, local_world, flags = HELLO.unpack(data)
     if magic != HELLO_MAGIC:
         raise SourceError(f"not a streamio hello: {bytes(data[:8])!r}")
+    if flags & ~(BROADCAST | DONE):
+        raise SourceError(f"a hello with unknown flags {flags:#x}")
     if not 0 < local_world <= MAX_LOCAL_WORLD or rank >= local_world:
         raise SourceError(f"a hello for local rank {rank} of {local_world}")
     if not 0 < num_workers <= MAX_READERS_PER_RANK or worker >= num_workers:
         raise SourceError(f"a hello for worker {worker} of {num_workers}")
-    return Hello((rank, worker, num_workers, local_world))
+    return Hello((rank, worker, num_workers, local_world, flags))
 
 
 # -- dealer -> client ------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The dealer of a shared stream: one thread that reads the stream and deals its blocks.
 
 It runs in local rank 0's DataLoader worker 0 (:class:`~streamio.sharing.stream.SharedStreamFeed`
-starts it), reads the Dataset's sources through the pipeline's seam
-(:meth:`streamio.pipeline.EpochRun.for_sources`) and answers every worker's requests over
-private local sockets (:mod:`._local_ipc`, :mod:`._wire`); the promises are stated in
+starts it), cuts the Dataset's stream into blocks by the pipeline's block rule
+(:func:`streamio.pipeline.dealing.cut_blocks`), and answers every worker's requests over
+private local sockets (:mod:`._local_ipc`, :mod:`._wire`): block ``k`` goes to reader
+``k % readers`` (reader = local rank x num_workers + worker), or, while an elastic resume
+replays the old readers' shares, to every reader. The promises are stated in
 :mod:`streamio.sharing.stream`.
 """
 
@@ -18,22 +20,21 @@ import time
 import warnings
 from typing import Any, Iterator, Optional
 
-import numpy as np
-
 from ..errors import SourceError, StreamioError
-from ..pipeline import EpochRun, origin_source
+from ..pipeline.dealing import BLOCK_BYTES, BLOCK_RECORDS, cut_blocks
 from . import _wire as wire
 from ._local_ipc import listen, stranger
 
-__all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "POLL_S", "Dealer", "READ_AHEAD"]
+__all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "BUFFER_BYTES", "POLL_S", "Dealer", "READ_AHEAD"]
 
-#: Records per block: small enough that k workers share a stream of short epochs evenly, large
-#: enough that one request per block costs little next to decoding its records.
-BLOCK_RECORDS = 64
-#: A block is closed at this many bytes (64 image records of ~100 KB are ~6 MB).
-BLOCK_BYTES = 8 << 20
-#: Blocks the dealer frames ahead of the requests (bounds its memory to ~READ_AHEAD blocks).
+#: Blocks per reader the dealer frames ahead of the requests.
 READ_AHEAD = 4
+#: The most bytes of blocks the dealer holds for readers that have not taken them yet (a reader
+#: whose DataLoader has not asked it for a while). Readers of one DataLoader, and DDP's ranks,
+#: read in step, so in practice it holds a few blocks per reader; a reader that stops taking
+#: its blocks makes the others wait at this bound, and after ``connect_timeout`` seconds
+#: without progress the epoch ends with a SourceError naming it.
+BUFFER_BYTES = 1 << 30
 POLL_S = 0.2  # how often a waiting dealer looks at its deadlines and stop flag
 
 
@@ -49,27 +50,36 @@ class _Lost(Exception):
 
 
 class _Client:
-    __slots__ = ("sock", "parser", "local_rank", "worker", "blocks", "finished")
+    __slots__ = ("sock", "parser", "local_rank", "worker", "index", "blocks", "finished")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.parser = wire.ClientParser()
         self.local_rank: Optional[int] = None
         self.worker: Optional[int] = None  # None until its hello was accepted
+        self.index = -1  # its reader index (local rank x num_workers + worker)
         self.blocks = 0  # blocks sent to it
         self.finished = False  # got its END/ERROR, said goodbye, or was dropped
 
 
 class Dealer(threading.Thread):
-    """Frames the stream and answers the clients' requests (a daemon thread in local rank 0's
-    worker 0: it dies with that process, which every client then sees)."""
+    """Frames the stream and answers the clients' requests (a thread in local rank 0's worker
+    0; not a daemon: a worker whose own share has ended keeps serving the others until they
+    have theirs, and dies with its process, which every client then sees).
+
+    ``num_workers``: every local rank's DataLoader workers (they must agree); ``broadcast``:
+    every block goes to every reader (an elastic resume replaying the old readers' shares)."""
 
     def __init__(self, dataset: Any, address: Any, epoch: int, local_world_size: int,
-                 stats: Any, connect_timeout: float) -> None:
-        super().__init__(name="streamio-dealer", daemon=True)
+                 stats: Any, connect_timeout: float, num_workers: int = 1,
+                 broadcast: bool = False) -> None:
+        super().__init__(name="streamio-dealer", daemon=False)
         self.dataset = dataset
         self.epoch = epoch
         self.local_world_size = local_world_size
+        self.num_workers = num_workers
+        self.readers = local_world_size * num_workers
+        self.broadcast = broadcast
         self.stats = stats
         self.connect_timeout = connect_timeout
         self.stop_now = threading.Event()
@@ -81,6 +91,13 @@ class Dealer(threading.Thread):
         self.notes: list[str] = []
         self.strangers: set = set()  # uids refused (one warning each)
         self.clients: list[_Client] = []
+        # The blocks read and not yet taken by all their readers: index -> [message, readers
+        # still to take it]; what each reader has taken; readers whose share is already done.
+        self.window: dict[int, list] = {}
+        self.window_bytes = 0
+        self.read_k = 0
+        self.taken = [0] * self.readers
+        self.done: set = set()
         self.selector = selectors.DefaultSelector()
         self.stream_name = _names(dataset)
         self.address = address
@@ -89,55 +106,47 @@ class Dealer(threading.Thread):
 
     # -- the stream ---------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple]:
-        """(source name, record origins, records) of at most BLOCK_RECORDS records and about
-        BLOCK_BYTES bytes, within one source, after the dataset's record-level shards."""
-        # The pipeline's own source end, without stages or decoder: it opens each source once,
-        # applies shard() layers (a host's share of a replicated stream) exactly as a reader
-        # that is not shared would, and gives each record its origin.
-        run = EpochRun.for_sources(self.dataset, self.epoch, self.stats)
-        pending: list = []
-        pending_ids: list = []
-        ordinal = -1
-        size = 0
+        """(source name, record origins, records) of the stream, cut by the block rule."""
 
-        def cut() -> tuple:
-            nonlocal pending, pending_ids, size
-            block = (run.names.get(ordinal, self.stream_name),
-                     np.concatenate(pending_ids), pending)
-            pending, pending_ids, size = [], [], 0
-            return block
+        def named(name: str) -> None:
+            self.stream_name = name
 
-        # Records gather across the reader's chunks (a 1 MiB read holds ~10 image records): a
-        # block of 64 costs one request where 7 small ones would cost 7 round trips, each a
-        # wake-up of a thread on a busy machine.
-        source_blocks = run.read_blocks()
-        try:
-            for records, ids in source_blocks:
-                start = 0
-                while start < len(records):
-                    here = origin_source(ids[start])
-                    if here != ordinal and pending:
-                        yield cut()
-                    ordinal = here
-                    self.stream_name = run.names.get(ordinal, self.stream_name)
-                    room = BLOCK_RECORDS - len(pending)
-                    piece = records[start:start + room]
-                    piece_ids = ids[start:start + room]
-                    # A piece from one chunk belongs to one source (a reader's chunk does).
-                    pending.extend(piece)
-                    pending_ids.append(piece_ids)
-                    size += sum(map(len, piece))
-                    start += len(piece)
-                    if len(pending) >= BLOCK_RECORDS or size >= BLOCK_BYTES:
-                        yield cut()
-        except Exception:
-            if pending:  # the records before a fault are delivered first
-                yield cut()
-            raise
-        finally:
-            source_blocks.close()
-        if pending:
-            yield cut()
+        return cut_blocks(self.dataset, self.epoch, self.stats, named)
+
+    def _next_of(self, index: int) -> int:
+        """The index of the next block reader ``index`` takes."""
+        if self.broadcast:
+            return self.taken[index]
+        return index + self.readers * self.taken[index]
+
+    def _recipients(self, k: int) -> int:
+        if self.broadcast:
+            return self.readers - len(self.done)
+        return 0 if k % self.readers in self.done else 1
+
+    def _add(self, block: tuple) -> None:
+        k = self.read_k
+        self.read_k += 1
+        count = self._recipients(k)
+        if count:
+            message = wire.encode_block(*block)
+            self.window[k] = [message, count]
+            self.window_bytes += len(message)
+
+    def _release(self, k: int) -> None:
+        entry = self.window[k]
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self.window[k]
+            self.window_bytes -= len(entry[0])
+
+    def _forget(self, index: int) -> None:
+        """Reader ``index`` takes none of its blocks (its share was delivered before a
+        resume): the ones held for it go."""
+        self.done.add(index)
+        for k in sorted(self.window):
+            if k >= self._next_of(index) and (self.broadcast or k % self.readers == index):
+                self._release(k)
 
     # -- serving ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -172,6 +181,7 @@ class Dealer(threading.Thread):
             for client in self.clients:
                 _close_quietly(client.sock)
             self.selector.close()
+            self.window.clear()
 
     def _all_greeted(self) -> bool:
         if len(self.workers_of) < self.local_world_size:
@@ -190,51 +200,81 @@ class Dealer(threading.Thread):
         dropped = f" (dropped: {'; '.join(self.notes[-4:])})" if self.notes else ""
         return "; ".join(parts) + dropped
 
+    def _holding(self) -> str:
+        """Who the blocks held are for (for the message of a dealer that cannot go on)."""
+        held = collections.Counter()
+        for k in self.window:
+            if not self.broadcast:
+                held[k % self.readers] += 1
+        if self.broadcast:
+            low = min((self._next_of(c) for c in range(self.readers) if c not in self.done),
+                      default=0)
+            held.update(c for c in range(self.readers)
+                        if c not in self.done and self._next_of(c) == low)
+        names = []
+        for index, count in held.most_common(3):
+            rank, worker = divmod(index, self.num_workers)
+            names.append(f"{_who(rank, worker, self.local_world_size)} ({count} block(s))")
+        return ", ".join(names) or "nobody"
+
     def _serve(self) -> None:
         self.selector.register(self.listener, selectors.EVENT_READ)
         deadline = time.monotonic() + self.connect_timeout
         blocks = self._blocks()
-        ready: collections.deque = collections.deque()
         waiting: collections.deque = collections.deque()  # one entry per request
         exhausted = False
         failure: Optional[BaseException] = None
+        stalled_since: Optional[float] = None
+        ahead = READ_AHEAD * (1 if self.broadcast else self.readers)
         try:
             while not self.stop_now.is_set():
                 everyone = self._all_greeted()
                 if exhausted and everyone and all(c.finished for c in self.clients
                                                   if c.worker is not None):
                     return
-                if not everyone and time.monotonic() > deadline:
+                now = time.monotonic()
+                if not everyone and now > deadline:
                     raise SourceError(
                         f"not every reader of {self.stream_name} connected within"
                         f" {self.connect_timeout:g} s (connect_timeout); missing: "
                         f"{self._missing()} - a rank or DataLoader worker that did not start,"
                         " or that reads another epoch or uses another num_workers",
                         source=self.stream_name)
-                reading = not exhausted and len(ready) < READ_AHEAD
+                need = not exhausted and any(
+                    not c.finished and self._next_of(c.index) >= self.read_k for c in waiting)
+                room = self.window_bytes < BUFFER_BYTES
+                reading = not exhausted and room and (need or len(self.window) < ahead)
+                if need and not room:
+                    stalled_since = stalled_since or now
+                    if everyone and now - stalled_since > self.connect_timeout:
+                        raise SourceError(
+                            f"the dealer of {self.stream_name} holds {self.window_bytes} bytes"
+                            f" of blocks (the bound) for readers that have not taken them for"
+                            f" {self.connect_timeout:g} s: {self._holding()}; the readers of a"
+                            " shared stream must read in step (a DataLoader reads its workers"
+                            " in turn, DDP's ranks step together)", source=self.stream_name)
+                else:
+                    stalled_since = None
                 for key, _ in self.selector.select(0 if reading else POLL_S):
                     if key.fileobj is self.listener:
                         self._accept()
                     else:
                         self._hear(key.data, waiting)
-                while waiting and ready:
-                    client = waiting.popleft()
-                    if not client.finished:
-                        self._send_block(client, ready.popleft(), waiting)
-                if exhausted and not ready:
+                self._answer(waiting)
+                if exhausted and not self.window:
                     if failure is not None:
                         raise failure  # every client is told (run), after the records before it
-                    if everyone:
-                        # The end goes to every client now, asked or not: it is small enough
-                        # never to wait on a socket, and a client whose rank is blocked in a
-                        # collective may not ask until the others finish.
-                        waiting.clear()
-                        for client in list(self.clients):  # (a client may be dropped)
-                            if client.worker is not None and not client.finished:
-                                self._send_last(client, waiting)
+                if exhausted and everyone and failure is None:
+                    # A reader's END goes to it as soon as its share is out, asked or not: it is
+                    # small enough never to wait on a socket, and a client whose rank is blocked
+                    # in a collective may not ask until the others finish.
+                    for client in list(self.clients):  # (a client may be dropped)
+                        if client.worker is not None and not client.finished \
+                                and self._next_of(client.index) >= self.read_k:
+                            self._send_last(client, waiting)
                 if reading:
                     try:
-                        ready.append(next(blocks))
+                        self._add(next(blocks))
                     except StopIteration:
                         exhausted = True
                     except Exception as exc:  # noqa: BLE001 - sent to every client in turn
@@ -242,6 +282,27 @@ class Dealer(threading.Thread):
                         exhausted = True
         finally:
             blocks.close()
+
+    def _answer(self, waiting: collections.deque) -> None:
+        """Send every waiting client its next block, where it has been read."""
+        still = collections.deque()
+        while waiting:
+            client = waiting.popleft()
+            if client.finished:
+                continue
+            k = self._next_of(client.index)
+            if k in self.window:
+                self.taken[client.index] += 1
+                self._release_after_send(client, k, waiting)
+            else:
+                still.append(client)
+        waiting.extend(still)
+
+    def _release_after_send(self, client: _Client, k: int, waiting: collections.deque) -> None:
+        message = self.window[k][0]
+        self._release(k)
+        client.blocks += 1  # from now on its records may be lost with it
+        self._send(client, message, waiting)
 
     def _accept(self) -> None:
         while True:
@@ -319,6 +380,9 @@ class Dealer(threading.Thread):
                     self._drop(client)
                     return
                 client.local_rank, client.worker = event.who
+                client.index = event[0] * self.num_workers + event[1]
+                if event.flags & wire.DONE:
+                    self._forget(client.index)
             elif event == "want":
                 waiting.append(client)
             else:
@@ -327,15 +391,20 @@ class Dealer(threading.Thread):
     def _greet(self, hello: wire.Hello) -> Optional[str]:
         """None if ``hello`` fits the readers already connected (the same layout everywhere,
         a place not taken), else why not."""
-        rank, worker, num_workers, local_world = hello
+        rank, worker, num_workers, local_world, _ = hello
         who = f"{_who(rank, worker, local_world)} (of {num_workers})"
         if local_world != self.local_world_size:
             return (f"{who} says the host has {local_world} local ranks, local rank 0 says"
                     f" {self.local_world_size}: every rank must agree (LOCAL_WORLD_SIZE /"
                     " to_torch(local_world_size=...))")
-        if self.workers_of.get(rank, num_workers) != num_workers:
-            return (f"{who} does not fit the readers already connected: ranks that disagree on"
-                    " num_workers")
+        if num_workers != self.num_workers:
+            return (f"{who} does not fit the readers already connected: local rank 0 has"
+                    f" {self.num_workers} DataLoader worker(s), and every rank must have as many"
+                    " (block k goes to reader k % readers)")
+        if bool(hello.flags & wire.BROADCAST) != self.broadcast:
+            mine = "replays" if self.broadcast else "does not replay"
+            return (f"{who} does not fit: local rank 0 {mine} an elastic resume of this epoch,"
+                    " and every reader must load the same states")
         if hello.who in self.greeted:
             return f"{who} is already connected: a second reader claiming its place"
         self.workers_of[rank] = num_workers
@@ -355,10 +424,6 @@ class Dealer(threading.Thread):
             if not client.finished:
                 raise _Lost(client.local_rank, client.worker,
                             "left (it died or stopped early)") from None
-
-    def _send_block(self, client: _Client, block: tuple, waiting: collections.deque) -> None:
-        client.blocks += 1  # from now on its records may be lost with it
-        self._send(client, wire.encode_block(*block), waiting)
 
     def _send_last(self, client: _Client, waiting: collections.deque) -> None:
         self._send(client, wire.encode_end(), waiting)

@@ -260,11 +260,17 @@ class SharedStreamFeed:
     """The source end of one reader's epoch over a shared stream.
 
     Called by the pipeline in place of reading the sources (``run`` is the epoch's state); yields
-    ``(records, ids)`` blocks like the readers do, ``ids`` being the records' stream origins.
+    ``(records, ids)`` blocks like the readers do, ``ids`` being the records' stream origins:
+    this reader's share, block ``k`` of the stream for ``k % readers == index`` (:attr:`dealt`),
+    the same records whenever the stream carries the same bytes (:attr:`replayable`).
     Worker 0 of local rank 0 also runs the dealer. ``token`` names the dealer of a single rank's
     workers (drawn by the ``StreamDataset``, copied into its workers); ``address`` (from
     :func:`stream_address`) replaces it when local ranks share the stream.
     """
+
+    #: The stream deals by a fixed rule: a restarted job whose stream carries the same bytes
+    #: gives every reader the same records (a mid-epoch state resumes).
+    replayable = True
 
     def __init__(self, dataset: Any, *, token: Optional[str] = None, epoch: int, worker: int,
                  num_workers: int, local_rank: int = 0, local_world_size: int = 1,
@@ -288,11 +294,37 @@ class SharedStreamFeed:
                                                            DEFAULT_MAX_RECORD_SIZE)
         self.max_payload = BLOCK_BYTES + int(limit) + 16 * BLOCK_RECORDS + (64 << 10)
 
+    @property
+    def dealt(self) -> tuple:
+        """``(readers, index)``: this reader's share of the stream (a shard layer of its
+        resume state)."""
+        return (self.local_world_size * self.num_workers,
+                self.local_rank * self.num_workers + self.worker)
+
     def __call__(self, run: Any) -> Iterator[tuple]:
+        for name, ids, records in self._session(run.stats, 0):
+            run.name_source(origin_source(ids[0]), name)
+            yield records, (ids if run.track_ids else None)
+
+    def every_block(self, stats: Any) -> Iterator[tuple]:
+        """Every block of the stream, ``(name, origins, records)``, in order: what each reader
+        of an elastic resume replays the old readers' shares from (every reader of the epoch
+        must ask for this, or none)."""
+        return self._session(stats, wire.BROADCAST)
+
+    def drain(self, stats: Any, *, broadcast: bool = False) -> None:
+        """Take part in the epoch without reading: this reader's share was delivered before
+        a resume (the dealer, if it runs here, goes on serving the others)."""
+        flags = wire.DONE | (wire.BROADCAST if broadcast else 0)
+        for _ in self._session(stats, flags):
+            pass
+
+    def _session(self, stats: Any, flags: int) -> Iterator[tuple]:
         dealer = None
         if self.worker == 0 and self.local_rank == 0:
             dealer = Dealer(self.dataset, self.address, self.epoch, self.local_world_size,
-                             run.stats, self.connect_timeout)
+                            stats, self.connect_timeout, num_workers=self.num_workers,
+                            broadcast=bool(flags & wire.BROADCAST))
             dealer.start()
         ended = False
         sock = None
@@ -302,9 +334,12 @@ class SharedStreamFeed:
             watch = _ParentWatch(sock)
             try:
                 sock.sendall(wire.encode_hello(self.local_rank, self.worker, self.num_workers,
-                                               self.local_world_size))
+                                               self.local_world_size, flags))
             except OSError:
                 pass  # the dealer is gone already: the read below says so
+            if flags & wire.DONE:
+                ended = True  # nothing to take: say goodbye below
+                return
             while True:
                 # Ask only when about to read: a block asked for ahead could be larger than the
                 # socket's buffer, and the dealer would block sending it to a worker that the
@@ -319,24 +354,24 @@ class SharedStreamFeed:
                 if block is None:
                     ended = True
                     break
-                name, ids, records = block
-                run.name_source(origin_source(ids[0]), name)
-                yield records, (ids if run.track_ids else None)
+                yield block
         finally:
             if watch is not None:
                 watch.stop()
             if sock is not None:
-                if not ended:
+                if not ended or flags & wire.DONE:
                     try:
                         sock.sendall(wire.BYE)
                     except OSError:
                         pass
                 sock.close()
-            if dealer is not None:
-                if not ended:
-                    dealer.stop_now.set()  # this reader owns the stream: its early exit ends it
+            if dealer is not None and not ended:
+                dealer.stop_now.set()  # this reader owns the stream: its early exit ends it
                 dealer.join()
-        if dealer is not None and dealer.failure is not None:
+        # With our share out, the dealer goes on serving the others (a thread that keeps this
+        # process until they have theirs); not waited for here, so that this reader's end
+        # reaches its DataLoader, which may be waiting for it before it asks the others.
+        if dealer is not None and not dealer.is_alive() and dealer.failure is not None:
             # Our own END came, but the epoch failed afterwards for another reader (one that
             # never connected, or died after we finished): say so here too.
             raise dealer.failure

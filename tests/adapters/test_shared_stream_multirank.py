@@ -33,7 +33,11 @@ EPOCHS = 2
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("multirank-data")
     return {"a": write_id_examples(str(root / "a.tfrecord"), range(N)),
-            "b": write_id_examples(str(root / "b.tfrecord"), range(10_000, 10_000 + N))}
+            "b": write_id_examples(str(root / "b.tfrecord"), range(10_000, 10_000 + N)),
+            # Long enough that a rank killed at its 3rd batch dies while the other still has
+            # blocks of its share to take (each reader's END goes out with its share's last
+            # block; a rank that dies after the others' END is not seen by them).
+            "long": write_id_examples(str(root / "long.tfrecord"), range(20 * N))}
 
 
 def free_port() -> int:
@@ -240,7 +244,7 @@ def failed(tmp_path_factory, data):
     job = Job(tmp_path_factory.mktemp("failed"))
     try:
         for victim in (1, 0):
-            source = job.channel(f"kill{victim}", data["a"], epochs=1)
+            source = job.channel(f"kill{victim}", data["long"], epochs=1)
             for r in range(2):
                 extra = ("--die-after", 3) if r == victim else ()
                 job.rank(f"kill{victim}/{r}", source, "--workers", 2, "--slow", 0.1,

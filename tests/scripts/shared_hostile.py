@@ -29,6 +29,7 @@ import time
 
 PUB, PREFIX, MASTER_ADDR, MASTER_PORT, INJECT, KEY = sys.argv[1:7]
 HEADER = struct.Struct("<BxxxIQ")
+HELLO_MAGIC = b"sio\x02"  # the hello of streamio's shared-stream wire (sharing/_wire.py)
 report = {"bound": [], "seen": [], "connected": 0, "records_received": 0, "answered": 0,
           "victims": 0, "key_readable": None, "errors": []}
 lock = threading.Lock()
@@ -102,8 +103,8 @@ def squat(name, records):
 def steal(name):
     """Connect to a streamio socket as a local rank and ask for records (two layouts)."""
     hellos = [struct.pack("<IIII", 1, 0, 2, 2), struct.pack("<IIII", 0, 1, 2, 1),
-              b"sio\x01" + struct.pack("<IIII", 1, 1, 2, 2),
-              b"sio\x01" + struct.pack("<IIII", 0, 1, 2, 1)]
+              HELLO_MAGIC + struct.pack("<IIIII", 1, 1, 2, 2, 0),
+              HELLO_MAGIC + struct.pack("<IIIII", 0, 1, 2, 1, 0)]
     for hello in hellos:
         got = bytearray()
         try:
