@@ -72,10 +72,10 @@ one tiny all-reduce of a "have a batch" flag per step. ``"drop"`` (the default) 
 every rank when the first rank runs out (the surplus batches of the other ranks are not used this
 epoch); ``"pad"`` keeps going until the last rank runs out, and ranks that ran out repeat their
 last batch (every record is used at least once; some twice); ``None`` does nothing. Ranks that
-share one stream get unequal shares by design (whoever asks first gets the next block, and the
-split changes from run to run); the same policies apply, and under DDP's lockstep the shares
-differ by about the blocks in flight (a few blocks of 64 records per rank), which ``"drop"``
-leaves unused that epoch: use ``"pad"`` where every record must be seen.
+share one stream get every ``readers``-th block of 64 records (the same split in every run), so
+their shares differ by at most one block and a short last one; the same policies apply
+(``"drop"`` leaves that surplus unused in that epoch: use ``"pad"`` where every record must be
+seen).
 """
 
 from __future__ import annotations

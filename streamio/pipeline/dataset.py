@@ -556,16 +556,15 @@ class Dataset:
 
 
 def _refuse_shared_replay(ds: Any, state: dict) -> None:
-    """A stream shared by several readers deals its blocks to whichever asks first: a replay
-    would hand each reader other records than the interrupted epoch did, and skipping its count
-    of them would lose some and repeat others. Refused rather than resumed inexactly."""
+    """A feed that does not say its epochs give the same records again (``replayable``: the
+    shared stream's does, :mod:`streamio.pipeline.dealing`) could hand the replay other
+    records, and skipping its count of them would lose some and repeat others. Refused rather
+    than resumed inexactly."""
     if ds._feed is None or getattr(ds._feed, "replayable", False):
         return
     if state["delivered"] and not state["finished"]:
         raise UsageError(
-            "cannot resume mid-epoch on a stream shared by several readers (DataLoader workers"
-            " or local ranks reading one FIFO/PipeChannel): its blocks go to whichever reader"
-            " asks first, which a state does not record, so a replay would lose and repeat"
-            " records. Resume from a state taken at an epoch boundary"
-            " (EpochIterator.state_after(n, next_epoch=True)), or read the stream with one"
-            " reader (num_workers=0 on one rank)")
+            f"cannot resume mid-epoch through the feed {type(ds._feed).__name__}: it does not"
+            " say that an epoch gives the same records again (replayable), so a replay could"
+            " lose and repeat records. Resume from a state taken at an epoch boundary"
+            " (EpochIterator.state_after(n, next_epoch=True))")

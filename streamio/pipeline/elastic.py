@@ -30,10 +30,15 @@ under ``elastic`` with this shard's ``deal``, and a count. It resumes again on t
 or elastically on yet another (nested up to :data:`~streamio.pipeline.resume._MAX_NESTING`
 deep); its size is the old states' sizes plus ~200 bytes.
 
-Not elastic: sources that can be read only once (a FIFO, a ``PipeChannel``, stdin, a file
-object: each new shard would have to read every old shard's stream), and a stream shared by
-several readers (to_torch over one stream: blocks go to whichever reader asks first, which a
-state does not record). Both raise :class:`~streamio.UsageError`.
+A stream that can be read only once (a FIFO, a ``PipeChannel``), alone or dealt to several
+readers (``to_torch`` over one stream: block ``k`` to reader ``k % readers``, the state's
+``stream`` field; :mod:`streamio.pipeline.dealing`), is replayed from **one read**: every new
+reader takes every block of the epoch (the dealer sends each to all of them; a reader with no
+feed reads the stream itself), splits them into the old readers' shares
+(:class:`~streamio.pipeline.dealing.Demux`) and replays all the old plans together, taking
+their items in turn, one each (:func:`_start_one_read`); a nested elastic state merges the
+same way at every level. Old states of shards that each read their own copy of a stream
+(``shard(n, i)`` of a FIFO) cannot be replayed that way: :class:`~streamio.UsageError`.
 """
 
 from __future__ import annotations

@@ -19,8 +19,12 @@ workers, :mod:`streamio.sharing`):
   names each source it delivers with ``run.name_source(ordinal, name)`` and may count into
   ``run.stats`` (an :class:`~streamio.pipeline.EpochStats`); ``run.epoch`` is the epoch. A
   Dataset with a feed resumes mid-epoch only if the feed says that an epoch gives the same
-  records again (a ``replayable = True`` attribute); otherwise a mid-epoch state is refused
-  (a shared stream deals by request: a replay would hand each reader other records).
+  records again (a ``replayable = True`` attribute); otherwise a mid-epoch state is refused.
+  A feed that reads a share of a stream dealt to several readers
+  (:mod:`streamio.pipeline.dealing`) also has ``dealt`` (``(readers, index)``: the state's
+  ``stream`` field), ``every_block(stats)`` (every block of the epoch, for an elastic resume
+  replaying the old readers' shares) and ``drain(stats, broadcast=False)`` (take part in the
+  epoch without reading, for a reader whose share was delivered before a resume).
 - **reading the sources** without stages or decoder: :meth:`EpochRun.for_sources` (every
   record with its origin, after the Dataset's ``shard()`` layers); iterate its
   :meth:`~EpochRun.read_blocks` and read :attr:`~EpochRun.names`.

@@ -3,25 +3,34 @@
 A FIFO, a :class:`~streamio.PipeChannel` or stdin can be read by one process only. When
 ``DataLoader(ds.to_torch(), num_workers=k)`` reads one, worker 0 starts a **dealer** thread that
 opens the stream, frames it (the usual :class:`~streamio.RecordReader` loop) and cuts the records
-into blocks of at most :data:`BLOCK_RECORDS` records and :data:`BLOCK_BYTES` bytes. Every worker
-(worker 0 too) is a **client**: it connects to the dealer over a Unix socket and asks for a
-block each time it needs one; the dealer answers requests in the order they arrive, from blocks
-it framed ahead. Each block goes
-to exactly one worker, and each worker runs the rest of the pipeline (shuffle, batch, decoder,
+into blocks of at most :data:`BLOCK_RECORDS` records and :data:`BLOCK_BYTES` bytes, by a rule that
+depends on the records only (:func:`streamio.pipeline.dealing.cut_blocks`). Every worker (worker
+0 too) is a **client**: it connects to the dealer over a Unix socket and asks for a block each
+time it needs one; block ``k`` of the epoch goes to reader ``k % readers`` (reader = local rank
+x ``num_workers`` + worker). Each worker runs the rest of the pipeline (shuffle, batch, decoder,
 ``map``) on its blocks, so decoding runs on ``k`` cores while the stream is read once.
 
-Why pull, not round-robin: a DataLoader asks its workers for items in turn, and a worker that is
-not asked does not read. A dealer that pushed block ``i`` to worker ``i % k`` would wait on a
-worker the DataLoader is not asking while the DataLoader waits for another worker that needs
-that block: a deadlock as soon as workers need different numbers of blocks per batch (a filter,
-a shuffle buffer filling). A dealer that only answers requests never waits on a worker that is
-not waiting for it (which is also why a worker asks only when it is about to read: a block asked
-for ahead may not fit the socket's buffer, and sending it would wait on that worker). The price: which worker gets which block depends on timing, so the order of
-batches (and a shuffle's order) is not reproducible from run to run; ``map(seed=...)`` keys record
-seeds on the record itself, so random transforms are.
+Why a fixed rule: a restarted job whose stream carries the same bytes gives every reader the
+same records, so the order of batches is the same from run to run and a mid-epoch state resumes
+(exactly on the same layout; on another, from the list of every reader's state:
+:mod:`streamio.pipeline.elastic`, for which the dealer sends every block of that epoch to every
+reader). Shares are even (up to a block and a short last one).
 
-Memory: the dealer reads at most :data:`READ_AHEAD` blocks ahead of the requests; each client has
-at most one block in flight; each worker's shuffle buffer holds its own share (a ``shuffle(n)`` costs ``n`` records in *each* worker).
+Why it does not deadlock: a worker asks only when it is about to read (a block asked for ahead
+may not fit the socket's buffer, and sending it would wait on a worker the DataLoader is not
+asking), and the dealer never waits on a worker: it keeps the blocks of a reader that has not
+asked yet and goes on reading for the others, up to :data:`~streamio.sharing.dealer.BUFFER_BYTES`
+(1 GiB). A DataLoader asks its workers in turn and DDP's ranks step together, so readers take
+their blocks at the same pace and the dealer holds a few blocks each. A reader's END goes to it
+with its share's last block, asked or not (a worker waiting for the others' end would keep its
+DataLoader from asking them), and the dealer's own worker does not wait for the others: the
+dealer thread keeps its process until they have their shares. Readers that stop taking their
+blocks (not a DataLoader's, not in step) make the others wait at the bound, and after
+``connect_timeout`` seconds without progress every reader gets a ``SourceError`` naming them.
+
+Memory: the dealer holds the blocks read and not yet taken (above); each client has at most one
+block in flight; each worker's shuffle buffer holds its own share (a ``shuffle(n)`` costs ``n``
+records in *each* worker).
 
 Stats: worker 0's ``stats()`` counts what the dealer read (``bytes``, ``records_read``, ...);
 every worker counts the records and batches it delivered. A ``map(backend="process")`` cannot
@@ -57,20 +66,20 @@ for every worker of every local rank.
   epoch's END reached it (the others finish normally, and torchrun ends the job); and a rank
   that had not connected when local rank 0 died waits ``connect_timeout``, then says it could
   not reach the dealer.
-- A rank that starts late is served: blocks go to whoever asks (a late rank may find fewer left;
-  DDP's lockstep keeps ranks within a step of each other), and the epoch's END is held back
-  until every expected client has connected. One that never connects ends the epoch, after
+- A rank that starts late is served: its blocks wait for it (the others wait at the dealer's
+  bound, if they get that far), and the epoch's END is held back until every expected client has
+  connected. One that never connects ends the epoch, after
   ``connect_timeout`` seconds, with a ``SourceError`` on every connected side naming the local
   ranks and workers that were missing.
-- When the stream ends, the dealer pushes END to every client at once (a tiny message, it never
-  waits on a full socket) instead of waiting for each to ask: a rank whose main process is
-  blocked in a collective (DDP's all-reduce, ``even_batches``) while its workers idle would
-  otherwise never ask, and the dealer's worker, waiting for it, would never finish its own
-  rank's epoch: a deadlock across ranks.
+- The dealer pushes a reader's END as soon as its share is out (a tiny message, it never waits
+  on a full socket) instead of waiting for it to ask: a rank whose main process is blocked in a
+  collective (DDP's all-reduce, ``even_batches``) while its workers idle would otherwise never
+  ask. A rank that dies after the END of every other reader went out is not seen by them (their
+  shares are whole); one that dies while others still take blocks is.
 - Record-level shards of the dataset (a host's share of a replicated stream, ``shard(n, i)`` on
   a stream) are applied by the dealer, which sends each record's origin with it.
 
-Shares differ between ranks (whoever asks first gets the next block), so under DDP keep
+Shares differ between ranks by up to a block and a short last one, so under DDP keep
 ``to_device(..., even_batches="drop" | "pad")`` (the default is ``"drop"``).
 
 Other local users (a training host is a shared machine; the data loader must not be a way in).

@@ -213,7 +213,7 @@ def test_two_nodes_of_two_ranks_each_read_their_own_fifo(served, mode):
 
 
 def test_ranks_in_lockstep_under_a_process_group_finish_every_epoch_evenly(served):
-    """Shares differ (first to ask gets the block); even_batches="pad" gives both ranks the same
+    """Shares differ (by up to a block and a short last one); even_batches="pad" gives both ranks the same
     number of batches, and every record is used (a short rank repeats its last batch)."""
     results = group(served, "ddp")
     for name, result in results.items():
