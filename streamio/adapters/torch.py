@@ -571,13 +571,17 @@ class StreamDataset(torch.utils.data.IterableDataset):
         from ..pipeline.resume import make_state, with_seeds
 
         template = next(inner for _, inner in known.values() if inner is not None)
+        # A shared stream's old readers sat on hosts of stream[0] / workers local ranks each.
+        local_world = template["stream"][0] // old_workers if "stream" in template else None
         out = []
         for r in range(old_world):
             for w in range(old_workers):
                 found = known.get((r, w), (None, None))[1]
                 if found is None:  # that reader had delivered nothing: all of its share is left
                     old = self.plan(epoch=epoch, rank=r, world_size=old_world, worker=w,
-                                    num_workers=old_workers)
+                                    num_workers=old_workers,
+                                    local_rank=None if local_world is None else r % local_world,
+                                    local_world_size=local_world)
                     found = make_state(with_seeds(old, template["seeds"]), epoch, 0, False)
                 out.append(found)
         return out
