@@ -27,7 +27,8 @@ from ._local_ipc import listen, stranger
 
 __all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "BUFFER_BYTES", "POLL_S", "Dealer", "READ_AHEAD"]
 
-#: Blocks per reader the dealer frames ahead of the requests.
+#: Blocks the dealer frames ahead of the requests, beyond one for each reader (block k is
+#: reader k % readers's, so each reader's next block is at most ``readers`` blocks ahead).
 READ_AHEAD = 4
 #: The most bytes of blocks the dealer holds for readers that have not taken them yet (a reader
 #: whose DataLoader has not asked it for a while). Readers of one DataLoader, and DDP's ranks,
@@ -225,7 +226,7 @@ class Dealer(threading.Thread):
         exhausted = False
         failure: Optional[BaseException] = None
         stalled_since: Optional[float] = None
-        ahead = READ_AHEAD * (1 if self.broadcast else self.readers)
+        ahead = READ_AHEAD + (1 if self.broadcast else self.readers)
         try:
             while not self.stop_now.is_set():
                 everyone = self._all_greeted()
