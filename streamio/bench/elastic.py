@@ -4,7 +4,9 @@ An epoch read by ``n`` shards (``Dataset.shard(n, i)``: ranks x workers) is chec
 depth (a fraction of each shard's batches); the list of the ``n`` states is resumed on ``m``
 shards (``shard(m, j).iter_from(states)``). Writes N tf.train.Example records (``x``
 float32[32], ``label``; the benchmark's records) as 8 TFRecord files (whole-file shards) and as
-one gzip TFRecord file (round-robin shards: every shard reads the whole stream). For each source,
+one gzip TFRecord file (round-robin shards: every shard reads the whole stream), and with
+``--sources ...,pipe`` as one file written into a PipeChannel shared by DataLoader workers
+(:mod:`streamio.bench.elastic_pipe`: its figures are whole jobs'). For each source,
 layout ``n->m`` and depth, prints (seconds; the shards run one after another in this process, and
 a job's time is its slowest shard's, as if each had its own machine):
 
@@ -100,6 +102,18 @@ def _resume(paths: list, shards: int, states_for, left: int) -> tuple:
     return max(first), max(end)
 
 
+def _print_pipe(tmp: str, data: str, layouts: list, depths: list, rounds: int) -> None:
+    from . import elastic_pipe
+
+    why = elastic_pipe.available()
+    if why is not None:
+        print(why)
+        return
+    for n, m, depth, med in elastic_pipe.rows(tmp, data, layouts, depths, rounds):
+        print(f"{'pipe':6} {f'{n}->{m}':>5} {depth:6.2f} {med[0]:10.3f} {med[1]:8.3f}"
+              f" {med[2]:7.3f} {med[3]:7.3f} {med[4]:8.3f}", flush=True)
+
+
 def _layouts(text: str) -> list:
     pairs = []
     for item in text.split(","):
@@ -116,7 +130,9 @@ def main(argv=None) -> int:
     parser.add_argument("--layouts", default=DEFAULT_LAYOUTS,
                         help=f"old-new shard counts (default {DEFAULT_LAYOUTS})")
     parser.add_argument("--depths", default=DEFAULT_DEPTHS)
-    parser.add_argument("--sources", default="files,gzip")
+    parser.add_argument("--sources", default="files,gzip",
+                        help="files, gzip, pipe (a PipeChannel shared by DataLoader workers:"
+                             " needs torch and torchdata)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     depths = [float(d) for d in args.depths.split(",")]
@@ -133,6 +149,9 @@ def main(argv=None) -> int:
             streamio.write_records(files[-1], "tfrecord", records[k::FILES])
         gzip = os.path.join(tmp, "data.tfrecord.gz")
         streamio.write_records(gzip, "tfrecord", records, compression="gzip")
+        plain = os.path.join(tmp, "data.tfrecord")
+        if "pipe" in kinds:
+            streamio.write_records(plain, "tfrecord", records)
         del records
         sources = {"files": files, "gzip": [gzip]}
         size = sum(os.stat(p).st_size for p in files)
@@ -143,6 +162,9 @@ def main(argv=None) -> int:
         print(f"{'source':6} {'n->m':>5} {'depth':>6} {'elastic_s':>10} {'first_s':>8}"
               f" {'same_s':>7} {'rest_s':>7} {'epoch_s':>8}")
         for kind in kinds:
+            if kind == "pipe":
+                _print_pipe(tmp, plain, layouts, depths, args.rounds)
+                continue
             paths = sources[kind]
             for n, m in layouts:
                 rows = {d: [] for d in depths}
