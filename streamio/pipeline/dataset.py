@@ -527,7 +527,7 @@ class Dataset:
         if isinstance(state, dict) and "elastic" in state:
             return _elastic.resume_elastic_state(self, state)
         _resume.check_state(self, state)
-        _refuse_shared_replay(self, state)
+        _refuse_unreplayable_feed(self, state)
         plan = _resume.with_seeds(self, state["seeds"])
         epoch = state["epoch"]
         if self._context.epoch is None:
@@ -555,7 +555,7 @@ class Dataset:
         self._pending_state = dict(state)
 
 
-def _refuse_shared_replay(ds: Any, state: dict) -> None:
+def _refuse_unreplayable_feed(ds: Any, state: dict) -> None:
     """A feed that does not say its epochs give the same records again (``replayable``: the
     shared stream's does, :mod:`streamio.pipeline.dealing`) could hand the replay other
     records, and skipping its count of them would lose some and repeat others. Refused rather
