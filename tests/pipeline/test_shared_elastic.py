@@ -117,6 +117,7 @@ def _run(make: Callable, readers: int, states: Any = None, stops: Optional[list]
     """One epoch on ``readers`` readers (``make(readers, index, token)``), each from ``states``
     if given, reader ``w`` recording its state after ``stops[w]`` items (None: at the end)."""
     token = secrets.token_hex(8)
+    before = set(threading.enumerate())
     out = [Reader() for _ in range(readers)]
     threads = [threading.Thread(target=_read, daemon=True,
                                 args=(make(readers, w, token), out[w], states,
@@ -129,6 +130,14 @@ def _run(make: Callable, readers: int, states: Any = None, stops: Optional[list]
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             pytest.fail(f"a reader of {readers} still runs after {JOIN_S:g} s (a hang)")
+    # A reader's iteration ends with its own share; the dealer serves the others to the end of
+    # the stream (it drains a FIFO even when every reader was done), as the worker process that
+    # holds it would: the next run starts once it is gone, as a restarted job would.
+    for thread in set(threading.enumerate()) - before:
+        if thread.name == "streamio-dealer":
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                pytest.fail(f"the dealer of {readers} readers still runs after {JOIN_S:g} s")
     for reader in out:
         if reader.error is not None:
             raise reader.error
@@ -166,21 +175,52 @@ cuts = st.lists(st.one_of(st.just(0.0), st.just(None), st.floats(0, 1)), min_siz
                 max_size=4)
 
 
-@settings(max_examples=40, deadline=None)
-@given(chain=st.sampled_from(sorted(CHAINS)), n=st.integers(1, 4), m=st.integers(1, 4),
-       batch=st.integers(1, 9), buffer=st.integers(1, 300), cuts=cuts)
-@example(chain="decoded", n=3, m=2, batch=7, buffer=100, cuts=[0.3, 0.5, 0.4, None])
-@example(chain="records", n=2, m=2, batch=1, buffer=300, cuts=[0.9, 0.0, 1, 1])
-@example(chain="batches", n=4, m=1, batch=9, buffer=1, cuts=[None, 0.2, 0.0, 1.0])
-@example(chain="decoded", n=1, m=4, batch=3, buffer=50, cuts=[0.5, 0, 0, 0])
-def test_n_readers_resume_on_m_readers_every_record_once(files, chain, n, m, batch, buffer,
-                                                         cuts):
+def _source(files: dict, fifo: Any, source: str) -> tuple:
+    """``(path, feed)``: the stream's path, and what starts a run of it (a FIFO: a writer process
+    of the same bytes, as a restarted job's channel replays them)."""
+    if source != "fifo":
+        return files[source], lambda: None
+    path = str(fifo.tmp_path / "stream")
+    if not os.path.exists(path):
+        os.mkfifo(path)
+
+    def feed() -> None:
+        # A run whose readers had all finished reads nothing (one reader with no feed), and
+        # leaves its writer waiting: it goes, as a restarted job's channel would.
+        for proc in fifo.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        fifo.start(path, files["file"])
+
+    return path, feed
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=_MODULE_FIXTURE)
+@given(source=st.sampled_from(["file", "gzip", "fifo"]), chain=st.sampled_from(sorted(CHAINS)),
+       n=st.integers(1, 4), m=st.integers(1, 4), batch=st.integers(1, 9),
+       buffer=st.integers(1, 300), cuts=cuts)
+@example(source="file", chain="decoded", n=3, m=2, batch=7, buffer=100, cuts=[0.3, 0.5, 0.4, None])
+@example(source="fifo", chain="records", n=2, m=2, batch=1, buffer=300, cuts=[0.9, 0.0, 1, 1])
+@example(source="gzip", chain="batches", n=4, m=1, batch=9, buffer=1, cuts=[None, 0.2, 0.0, 1.0])
+@example(source="fifo", chain="decoded", n=1, m=4, batch=3, buffer=50, cuts=[0.5, 0, 0, 0])
+@example(source="file", chain="decoded", n=3, m=3, batch=2, buffer=200, cuts=[None, 0.5, None, 0])
+@example(source="fifo", chain="batches", n=2, m=2, batch=4, buffer=1, cuts=[None, None, 0, 0])
+@example(source="file", chain="records", n=2, m=3, batch=1, buffer=9, cuts=[None, None, 0, 0])
+@example(source="fifo", chain="decoded", n=4, m=1, batch=1, buffer=1, cuts=[0.0, 0.0, 0.0, 0.0])
+def test_n_readers_resume_on_m_readers_every_record_once(files, fifo, source, chain, n, m,
+                                                         batch, buffer, cuts):
+    """n readers interrupted at random points (0, mid-share, the last item, finished), resumed
+    on m: every record once; on the same layout each reader's uninterrupted remainder exactly;
+    the next epoch on the new layout whole."""
+    path, feed = _source(files, fifo, source)
     make = lambda r, w, token, epoch=0: _reader(  # noqa: E731
-        files["file"], chain, batch, buffer, r, w, token, epoch)
+        path, chain, batch, buffer, r, w, token, epoch)
+    feed()
     full = _run(make, n)
     assert sorted(_all_ids(full)) == ALL
-    _resume_and_check(make, n, m, _stops(full, cuts), full=full)
-    # The next epoch runs on the new layout, whole.
+    _resume_and_check(make, n, m, _stops(full, cuts), feed, full)
+    feed()
     nxt = _run(lambda r, w, token: make(r, w, token, epoch=1), m)
     assert sorted(_all_ids(nxt)) == ALL
 
@@ -232,18 +272,7 @@ def test_an_elastic_epoch_interrupted_again_resumes_on_another_layout(files, m):
 def test_compressed_and_fifo_streams_resume(files, fifo, source):
     """A gzip file, and a FIFO a writer process feeds (a restarted job's writer sends the same
     bytes again); on one reader the resumed reader reads the FIFO itself, with no feed."""
-    if source == "fifo":
-        path = str(fifo.tmp_path / "stream")
-        os.mkfifo(path)
-
-        def feed() -> None:
-            fifo.start(path, files["file"])
-    else:
-        path = files[source]
-
-        def feed() -> None:
-            return None
-
+    path, feed = _source(files, fifo, source)
     make = lambda r, w, token: _reader(path, "decoded", 4, 60, r, w, token)  # noqa: E731
     feed()
     full = _run(make, 3)
