@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import secrets
 import tempfile
 import threading
@@ -260,12 +259,20 @@ def test_an_elastic_epoch_one_reader_of_which_was_done_resumes_on_another_layout
     " resume on another layout: each of its states holds every original reader's state, so"
     " elastic._start_one_read makes one leaf per original share per state on one Demux, whose"
     " one queue per share splits the blocks between those leaves: records are silently lost"
-    " (749 of 1500 here), or UsageError \"'delivered' is 9, but the epoch holds only 0 items\""))
-@pytest.mark.parametrize("m", [4, 3, 1])
-def test_an_elastic_epoch_interrupted_again_resumes_on_another_layout(files, m):
-    make, first, _, second = _interrupted_twice(files, [11, 4])
-    third = _run(make, m, states=[reader.state for reader in second])
-    assert sorted(_all_ids(first) + _all_ids(second) + _all_ids(third)) == ALL
+    " (750 of 1500 from 1 -> 2 -> 3 readers), or UsageError \"'delivered' is 9, but the"
+    " epoch holds only 0 items\""))
+@pytest.mark.parametrize("n, first, m2, second, m", [
+    (3, [9, 0, 14], 2, [11, 4], 4), (3, [9, 0, 14], 2, [11, 4], 3),
+    (3, [9, 0, 14], 2, [11, 4], 1), (1, [30], 2, [11, 4], 3), (2, [10, 20], 3, [5, 6, 7], 2)])
+def test_an_elastic_epoch_interrupted_again_resumes_on_another_layout(files, n, first, m2,
+                                                                     second, m):
+    """n readers (one: unshared) interrupted, resumed on m2 shared readers and interrupted
+    again in each of them, resumed on m: every record once over the three runs."""
+    make = lambda r, w, token: _reader(files["file"], "decoded", 5, 80, r, w, token)  # noqa
+    one = _run(make, n, stops=first)
+    two = _run(make, m2, states=[reader.state for reader in one], stops=second)
+    three = _run(make, m, states=[reader.state for reader in two])
+    assert sorted(_all_ids(one) + _all_ids(two) + _all_ids(three)) == ALL
 
 
 @pytest.mark.parametrize("source", ["gzip", "fifo"])
@@ -317,6 +324,30 @@ def test_a_reader_that_stops_taking_blocks_ends_the_epoch_naming_it(files, monke
     assert "the bound" in message and files["file"] in message
     assert not threads[1].is_alive()
     assert isinstance(errors.get(1), SourceError), errors  # told too, once it reads again
+
+
+def test_a_slow_reader_makes_the_others_wait_without_failing(files, monkeypatch):
+    """At the bound a slow reader holds the others back, but an epoch whose every stall is
+    shorter than connect_timeout ends whole, however long it takes in all."""
+    monkeypatch.setattr(dealer, "BUFFER_BYTES", 1)
+    token = secrets.token_hex(8)
+    got: dict = {}
+
+    def read(w: int) -> None:
+        ds = _reader(files["file"], "records", 1, 1, 2, w, token, timeout=1.5)
+        got[w] = []
+        for k, record in enumerate(ds):
+            if w == 1 and k % dealer.BLOCK_RECORDS == 0 and k < 5 * dealer.BLOCK_RECORDS:
+                time.sleep(0.4)  # 2 s in all, 0.4 s at a time
+            got[w] += _ids(record)
+
+    run = [threading.Thread(target=read, args=(w,), daemon=True) for w in range(2)]
+    for thread in run:
+        thread.start()
+    for thread in run:
+        thread.join(JOIN_S)
+        assert not thread.is_alive()
+    assert sorted(got.get(0, []) + got.get(1, [])) == ALL
 
 
 @pytest.fixture(scope="module")
