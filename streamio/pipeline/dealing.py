@@ -94,23 +94,23 @@ class Demux:
     """The old readers' shares of one read of a stream dealt to ``readers`` readers.
 
     ``blocks`` yields every block of the epoch in order, as ``(name, origins, records)``;
-    :meth:`feed` ``(i)`` is a feed that yields reader ``i``'s blocks (``k % readers == i``).
-    ``needed``: the readers whose shares will be read; other blocks are dropped as they come.
-    Safe to read from several threads (a replayed plan may prefetch in a thread of its own).
-    ``close()`` closes ``blocks``.
+    :meth:`feed` ``(i)`` is a feed that yields reader ``i``'s blocks (``k % readers == i``),
+    each feed all of them (a nested elastic state replays one old reader's share once for each
+    of its resumed shards that had not finished). Blocks of a share no feed reads are dropped as
+    they come. Safe to read from several threads (a replayed plan may prefetch in a thread of
+    its own). ``close()`` closes ``blocks``.
     """
 
-    def __init__(self, blocks: Iterator[tuple], readers: int, needed: set) -> None:
+    def __init__(self, blocks: Iterator[tuple], readers: int) -> None:
         self._blocks = blocks
         self.readers = readers
-        self._queues = {i: deque() for i in needed}
+        self._queues: dict = {}  # share -> one queue per feed of it
         self._next = 0  # the index of the next block to read
         self._done = False
         self._failure: Optional[BaseException] = None
         self._lock = threading.Lock()
 
-    def _take(self, index: int) -> Optional[tuple]:
-        queue = self._queues[index]
+    def _take(self, queue: deque) -> Optional[tuple]:
         with self._lock:
             while not queue:
                 if self._failure is not None:
@@ -127,12 +127,15 @@ class Demux:
                     raise
                 owner = self._next % self.readers
                 self._next += 1
-                if owner in self._queues:
-                    self._queues[owner].append(block)
+                for waiting in self._queues.get(owner, ()):
+                    waiting.append(block)
             return queue.popleft()
 
     def feed(self, index: int) -> "DemuxFeed":
-        return DemuxFeed(self, index)
+        """A feed of share ``index`` (made before the first block is read)."""
+        queue: deque = deque()
+        self._queues.setdefault(index, []).append(queue)
+        return DemuxFeed(self, index, queue)
 
     def close(self) -> None:
         close = getattr(self._blocks, "close", None)
@@ -146,9 +149,10 @@ class DemuxFeed:
 
     replayable = True
 
-    def __init__(self, demux: Demux, index: int) -> None:
+    def __init__(self, demux: Demux, index: int, queue: deque) -> None:
         self.demux = demux
         self.index = index
+        self._queue = queue
 
     @property
     def dealt(self) -> Optional[tuple]:
@@ -156,7 +160,7 @@ class DemuxFeed:
 
     def __call__(self, run: Any) -> Iterator[tuple]:
         while True:
-            block = self.demux._take(self.index)
+            block = self.demux._take(self._queue)
             if block is None:
                 return
             name, ids, records = block

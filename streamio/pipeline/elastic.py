@@ -364,7 +364,7 @@ def _start_one_read(ds: Any, carrier: dict, epoch: int, stats: EpochStats,
             feed.drain(stats, broadcast=True)  # the others' epoch goes on without this reader
         return iter(())
     source = feed.every_block(stats) if feed is not None else cut_blocks(ds, epoch, stats)
-    demux = Demux(source, readers, {leaf.share[1] for leaf in leaves})
+    demux = Demux(source, readers)
     for leaf in leaves:
         leaf.plan = _old_plan(ds, leaf.state, leaf.where, demux.feed(leaf.share[1]))
     return _replay(root, demux, epoch, stats)

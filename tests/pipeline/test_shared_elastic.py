@@ -254,20 +254,15 @@ def test_an_elastic_epoch_one_reader_of_which_was_done_resumes_on_another_layout
     assert sorted(_all_ids(first) + _all_ids(second) + _all_ids(third)) == ALL
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: an elastic epoch of a dealt stream interrupted mid-epoch in >= 2 readers does not"
-    " resume on another layout: each of its states holds every original reader's state, so"
-    " elastic._start_one_read makes one leaf per original share per state on one Demux, whose"
-    " one queue per share splits the blocks between those leaves: records are silently lost"
-    " (750 of 1500 from 1 -> 2 -> 3 readers), or UsageError \"'delivered' is 9, but the"
-    " epoch holds only 0 items\""))
 @pytest.mark.parametrize("n, first, m2, second, m", [
     (3, [9, 0, 14], 2, [11, 4], 4), (3, [9, 0, 14], 2, [11, 4], 3),
     (3, [9, 0, 14], 2, [11, 4], 1), (1, [30], 2, [11, 4], 3), (2, [10, 20], 3, [5, 6, 7], 2)])
 def test_an_elastic_epoch_interrupted_again_resumes_on_another_layout(files, n, first, m2,
                                                                      second, m):
     """n readers (one: unshared) interrupted, resumed on m2 shared readers and interrupted
-    again in each of them, resumed on m: every record once over the three runs."""
+    again in each of them, resumed on m: every record once over the three runs (each of the m2
+    states replays every original reader's share: one share read by several replays, each of
+    which gets all of its blocks)."""
     make = lambda r, w, token: _reader(files["file"], "decoded", 5, 80, r, w, token)  # noqa
     one = _run(make, n, stops=first)
     two = _run(make, m2, states=[reader.state for reader in one], stops=second)
