@@ -84,6 +84,11 @@ class Dealer(threading.Thread):
         self.stats = stats
         self.connect_timeout = connect_timeout
         self.stop_now = threading.Event()
+        # Set when the reader in this process has its whole share: from then on the dealer only
+        # keeps the process for the others, and gives up on them after connect_timeout seconds
+        # without one of them taking a block (a process must not wait forever to exit).
+        self.host_ended = threading.Event()
+        self.progress = time.monotonic()  # when a block or an END last went out
         self.failure: Optional[BaseException] = None  # what ended the epoch, if not its end
         # local rank -> its num_workers (from its first accepted hello), the (rank, worker)
         # greeted, and what happened to peers that were dropped (for the messages).
@@ -226,6 +231,7 @@ class Dealer(threading.Thread):
         exhausted = False
         failure: Optional[BaseException] = None
         stalled_since: Optional[float] = None
+        self.progress = time.monotonic()  # when a block or an END last went out
         ahead = READ_AHEAD + (1 if self.broadcast else self.readers)
         try:
             while not self.stop_now.is_set():
@@ -256,6 +262,13 @@ class Dealer(threading.Thread):
                             " in turn, DDP's ranks step together)", source=self.stream_name)
                 else:
                     stalled_since = None
+                if self.host_ended.is_set() and self.window and everyone \
+                        and now - self.progress > self.connect_timeout:
+                    raise SourceError(
+                        f"the readers of {self.stream_name} that still have blocks to take have"
+                        f" taken none for {self.connect_timeout:g} s (connect_timeout), and the"
+                        f" process of the dealer's own reader, done, waits for them:"
+                        f" {self._holding()}", source=self.stream_name)
                 for key, _ in self.selector.select(0 if reading else POLL_S):
                     if key.fileobj is self.listener:
                         self._accept()
@@ -302,6 +315,7 @@ class Dealer(threading.Thread):
     def _release_after_send(self, client: _Client, k: int, waiting: collections.deque) -> None:
         message = self.window[k][0]
         self._release(k)
+        self.progress = time.monotonic()
         client.blocks += 1  # from now on its records may be lost with it
         self._send(client, message, waiting)
 
@@ -429,6 +443,7 @@ class Dealer(threading.Thread):
     def _send_last(self, client: _Client, waiting: collections.deque) -> None:
         self._send(client, wire.encode_end(), waiting)
         client.finished = True
+        self.progress = time.monotonic()
 
 
 def _names(dataset: Any) -> str:

@@ -24,7 +24,9 @@ asked yet and goes on reading for the others, up to :data:`~streamio.sharing.dea
 their blocks at the same pace and the dealer holds a few blocks each. A reader's END goes to it
 with its share's last block, asked or not (a worker waiting for the others' end would keep its
 DataLoader from asking them), and the dealer's own worker does not wait for the others: the
-dealer thread keeps its process until they have their shares. Readers that stop taking their
+dealer thread keeps its process until they have their shares (or until ``connect_timeout``
+seconds pass without one of them taking a block: they get a ``SourceError`` naming who held it
+up, and the process may exit). Readers that stop taking their
 blocks (not a DataLoader's, not in step) make the others wait at the bound, and after
 ``connect_timeout`` seconds without progress every reader gets a ``SourceError`` naming them.
 
@@ -377,6 +379,8 @@ class SharedStreamFeed:
             if dealer is not None and not ended:
                 dealer.stop_now.set()  # this reader owns the stream: its early exit ends it
                 dealer.join()
+            elif dealer is not None:
+                dealer.host_ended.set()
         # With our share out, the dealer goes on serving the others (a thread that keeps this
         # process until they have theirs); not waited for here, so that this reader's end
         # reaches its DataLoader, which may be waiting for it before it asks the others.

@@ -397,3 +397,47 @@ def test_another_readers_state_is_refused(files, interrupted):
     ds.load_state_dict(swapped)
     with pytest.raises(UsageError):
         next(iter(ds))
+
+
+def test_the_dealers_process_is_not_kept_forever_by_a_reader_that_stops(files):
+    """Reader 0 (whose thread runs the dealer) has its whole share while reader 1 takes one
+    item and then nothing, without closing: the dealer keeps serving it, but connect_timeout
+    after the last block went out it gives up with a SourceError naming reader 1, and its
+    thread ends (a process waiting for it to exit is not held forever)."""
+    from streamio.sharing.stream import SharedStreamFeed
+
+    token = secrets.token_hex(8)
+    release = threading.Event()
+    errors: dict = {}
+    feeds: dict = {}
+
+    def read(w: int) -> None:
+        ds = _reader(files["file"], "records", 1, 1, 2, w, token, timeout=2.0)
+        feeds[w] = ds._feed
+        try:
+            for k, _ in enumerate(ds):
+                if w == 1 and k == 0:
+                    release.wait(JOIN_S)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors[w] = exc
+
+    before = {t.ident for t in threading.enumerate()}
+    threads = [threading.Thread(target=read, args=(w,), daemon=True) for w in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        threads[0].join(30)
+        assert not threads[0].is_alive() and 0 not in errors, errors  # its share, whole
+        assert isinstance(feeds[0], SharedStreamFeed)
+        dealers = [t for t in threading.enumerate()
+                   if t.name == "streamio-dealer" and t.ident not in before]
+        began = time.monotonic()
+        for t in dealers:
+            t.join(30)
+        assert dealers and not any(t.is_alive() for t in dealers)
+        assert time.monotonic() - began < 20
+    finally:
+        release.set()
+        threads[1].join(30)
+    assert isinstance(errors.get(1), SourceError), errors
+    assert "DataLoader worker 1" in str(errors[1]) and "connect_timeout" in str(errors[1])
