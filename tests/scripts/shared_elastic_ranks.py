@@ -13,14 +13,15 @@ every job makes ``WORKDIR/train_<epoch>`` afresh (a restarted job's channel star
 ``_0``) and a writer process feeds it. Each rank writes WORKDIR/<phase>-rank<r>.json: its
 batches' ids, per epoch.
 
-Phases (LAYOUT: local ranks x workers):
+Phases (PHASES: local ranks x workers, which states they resume from):
 - ``whole``: 2 x 2, two uninterrupted epochs (what the same-layout resume must reproduce);
-- ``old``: 2 x 2, rank r takes TAKE[r] batches, then its ``loader.state_dict()`` is gathered
-  with ``all_gather_object`` (rank 0 writes WORKDIR/gathered.json) and kept in its result (one
-  JSON per rank); the job stops mid-epoch;
+- ``old``: 2 x 2, rank r takes 5 or 9 batches, then its ``loader.state_dict()`` is gathered
+  with ``all_gather_object`` (rank 0 writes WORKDIR/gathered-old.json) and kept in its result
+  (one JSON per rank); the job stops mid-epoch;
 - ``same``: 2 x 2, ``loader.load_state_dict(its own state)``: the rest of epoch 0, then epoch 1;
 - ``new``: 3 x 1, ``to_torch().load_state_dict(the gathered list)``: the rest of epoch 0, then
-  epoch 1.
+  epoch 1;
+- ``new-stopped``, ``again``: ``new`` stopped mid-epoch in turn, its states resumed on 2 x 2.
 """
 
 import datetime
@@ -37,9 +38,15 @@ from elastic_torch import free_port, loader_of, write  # noqa: E402
 
 N = 1200
 BATCH = 16
-TAKE = (5, 9)  # batches each old rank takes before its job stops
-LAYOUT = {"whole": (2, 2), "old": (2, 2), "same": (2, 2), "new": (3, 1)}
 TIMEOUT = 120  # the channel's, the dealer's and the process group's (a busy 2-core machine)
+#: phase: (local ranks, workers, resumed from, batches each rank takes before its job stops).
+#: "from" is None (a fresh job), ("own", phase): each rank loads its own loader state of that
+#: phase; ("list", phase): to_torch().load_state_dict(every rank's state of that phase).
+PHASES = {"whole": (2, 2, None, None), "old": (2, 2, None, (5, 9)),
+          "same": (2, 2, ("own", "old"), None), "new": (3, 1, ("list", "old"), None),
+          # an elastic resume interrupted in turn, resumed again on another layout
+          "new-stopped": (3, 1, ("list", "old"), (4, 1, 6)),
+          "again": (2, 2, ("list", "new-stopped"), None)}
 
 
 def pipeline(workdir):
@@ -55,17 +62,19 @@ def epoch_batches(loader):
     return [batch["id"].tolist() for batch in loader]
 
 
-def old_rank(workdir, tds, rank, world):
+def stopped(workdir, phase, loader, batches, rank, world):
+    """The first ``batches`` batches; the loader's state is gathered with
+    ``all_gather_object`` (rank 0 writes WORKDIR/gathered-<phase>.json) and kept in the
+    result (one JSON per rank); the job stops mid-epoch."""
     import torch.distributed as dist
 
-    loader = loader_of(tds, LAYOUT["old"][1])
     it = iter(loader)
-    got = [next(it)["id"].tolist() for _ in range(TAKE[rank])]
+    got = [next(it)["id"].tolist() for _ in range(batches)]
     state = json.loads(json.dumps(loader.state_dict()))  # as a checkpoint file carries it
     gathered = [None] * world
     dist.all_gather_object(gathered, state)
     if rank == 0:
-        write(os.path.join(workdir, "gathered.json"), gathered)
+        write(os.path.join(workdir, f"gathered-{phase}.json"), gathered)
     return {"epochs": [got], "state": state}
 
 
@@ -74,21 +83,19 @@ def rank_main(workdir, phase):
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT))
     rank, world = dist.get_rank(), dist.get_world_size()
-    workers = LAYOUT[phase][1]
+    _, workers, resumed, take = PHASES[phase]
     try:
         tds = pipeline(workdir).to_torch(connect_timeout=TIMEOUT)
-        if phase == "old":
-            result = old_rank(workdir, tds, rank, world)
-        elif phase == "new":
-            with open(os.path.join(workdir, "gathered.json")) as f:
+        if resumed and resumed[0] == "list":
+            with open(os.path.join(workdir, f"gathered-{resumed[1]}.json")) as f:
                 tds.load_state_dict(json.load(f))  # every old rank's state: a list
-            loader = loader_of(tds, workers)
-            result = {"epochs": [epoch_batches(loader), epoch_batches(loader)]}
+        loader = loader_of(tds, workers)
+        if resumed and resumed[0] == "own":
+            with open(os.path.join(workdir, f"{resumed[1]}-rank{rank}.json")) as f:
+                loader.load_state_dict(json.load(f)["state"])
+        if take:
+            result = stopped(workdir, phase, loader, take[rank], rank, world)
         else:
-            loader = loader_of(tds, workers)
-            if phase == "same":
-                with open(os.path.join(workdir, f"old-rank{rank}.json")) as f:
-                    loader.load_state_dict(json.load(f)["state"])
             result = {"epochs": [epoch_batches(loader), epoch_batches(loader)]}
     except Exception as exc:  # noqa: BLE001 - reported to the test, which names it
         result = {"error": f"{type(exc).__name__}: {exc}"}
@@ -115,8 +122,8 @@ def feed(workdir, epochs):
 def job_main(workdir, phase, timeout):
     """Start the ranks as torchrun would on one host (its variables, the store on 127.0.0.1)
     and wait for them, at most ``timeout`` seconds: a rank that hangs fails the job."""
-    nranks = LAYOUT[phase][0]
-    procs = feed(workdir, 1 if phase == "old" else 2)
+    nranks, _, _, take = PHASES[phase]
+    procs = feed(workdir, 1 if take else 2)
     port = free_port()
     ranks = []
     for rank in range(nranks):
