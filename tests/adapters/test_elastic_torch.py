@@ -12,10 +12,8 @@ share); the old ranks' states are gathered three ways (``all_gather_object``, on
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -23,8 +21,9 @@ import pytest
 
 import streamio
 
-from conftest import ROOT, SCRIPTS
+from conftest import SCRIPTS
 from support.examples import id_example, write_id_examples, write_id_parts
+from support.rank_jobs import assert_exactly_once, run_job, script_env
 
 pytest.importorskip("torch")
 pytest.importorskip("torchdata.stateful_dataloader")
@@ -57,26 +56,8 @@ def _write_cases(root) -> dict:
             "gzip": set(range(2000, 2000 + sum(GZIP_SIZES)))}
 
 
-def _env() -> dict:
-    """The scripts import the streamio this test imports (this checkout's)."""
-    path = os.environ.get("PYTHONPATH")
-    return dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
-
-
-def _private_network() -> bool:
-    if shutil.which("unshare") is None or shutil.which("ip") is None:
-        return False
-    probe = subprocess.run(["unshare", "--net", "sh", "-c", "ip link set lo up"],
-                           capture_output=True, timeout=30)
-    return probe.returncode == 0
-
-
 def _job(workdir, phase: str, nranks: int) -> None:
-    command = [sys.executable, SCRIPT, "job", str(workdir), phase, str(nranks), str(JOB_TIMEOUT)]
-    if _private_network():  # the c10d store listens on every interface: keep it private
-        command = ["unshare", "--net", "sh", "-c",
-                   "ip link set lo up && exec " + " ".join(map(repr, command))]
-    proc = subprocess.run(command, capture_output=True, timeout=JOB_TIMEOUT + 30, env=_env())
+    proc = run_job(SCRIPT, ["job", workdir, phase, nranks, JOB_TIMEOUT], JOB_TIMEOUT + 30)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
 
 
@@ -107,14 +88,6 @@ def jobs(tmp_path_factory):
     return root, expected, resume
 
 
-def _assert_exactly_once(runs: list, expected: set, what: str) -> None:
-    seen = collections.Counter(i for ids in runs for i in ids)
-    missing, extra = expected - set(seen), set(seen) - expected
-    twice = sorted(i for i, n in seen.items() if n > 1)
-    assert not missing and not extra and not twice, \
-        f"{what}: {len(missing)} missing, {len(extra)} foreign, {len(twice)} twice {twice[:10]}"
-
-
 @pytest.mark.parametrize("phase, nranks", [("same", 2), ("new", 3)],
                          ids=["2x2-to-2x2", "2x2-to-3x1"])
 def test_every_record_once_over_the_interrupted_and_the_resumed_job(jobs, phase, nranks):
@@ -125,10 +98,10 @@ def test_every_record_once_over_the_interrupted_and_the_resumed_job(jobs, phase,
         new = _results(root, case, phase, nranks)
         before = [r["epochs"][0] for r in old]
         assert all(before), f"{case}: every old rank took some batches"
-        _assert_exactly_once(before + [r["epochs"][0] for r in new], expected[case],
-                             f"{case}, epoch 0 over both jobs")
-        _assert_exactly_once([r["epochs"][1] for r in new], expected[case],
-                             f"{case}, epoch 1 of the resumed job")
+        assert_exactly_once(before + [r["epochs"][0] for r in new], expected[case],
+                            f"{case}, epoch 0 over both jobs")
+        assert_exactly_once([r["epochs"][1] for r in new], expected[case],
+                            f"{case}, epoch 1 of the resumed job")
 
 
 def test_one_process_two_workers_resumed_on_three_workers_and_on_none(tmp_path):
@@ -139,7 +112,7 @@ def test_one_process_two_workers_resumed_on_three_workers_and_on_none(tmp_path):
     os.makedirs(tmp_path / "files")
     write_id_parts(str(tmp_path / "files"), FILE_SIZES)
     proc = subprocess.run([sys.executable, SCRIPT, "local", str(tmp_path)], capture_output=True,
-                          timeout=JOB_TIMEOUT, env=_env())
+                          timeout=JOB_TIMEOUT, env=script_env())
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     result = json.loads((tmp_path / "local.json").read_text())
     assert result["tensorflow_imported"] is False
@@ -147,8 +120,8 @@ def test_one_process_two_workers_resumed_on_three_workers_and_on_none(tmp_path):
     for workers in ("3", "0", "3-persistent", "3-spawn"):
         assert "error" not in result[workers], (workers, result[workers])
         rest, next_epoch = result[workers]
-        _assert_exactly_once([result["before"], rest], everything, f"{workers} workers, epoch 0")
-        _assert_exactly_once([next_epoch], everything, f"{workers} workers, epoch 1")
+        assert_exactly_once([result["before"], rest], everything, f"{workers} workers, epoch 0")
+        assert_exactly_once([next_epoch], everything, f"{workers} workers, epoch 1")
 
 
 def test_a_checkpoint_saving_every_rank_under_one_key_fails_loudly(jobs):
