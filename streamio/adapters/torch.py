@@ -122,7 +122,7 @@ _NODE_STREAMS = ("replicated", "sharded", None)
 
 # Shared epoch state: [next epoch when the counting started, iter() calls counted, readers per
 # epoch in that count].
-_BASE, _CALLS, _READERS = 0, 1, 2
+_BASE, _CALLS, _READERS, _SHIFT = 0, 1, 2, 3
 
 #: How often a DataLoader worker publishes its running epoch's stats (and once at its end):
 #: often enough for a progress display, rare enough that the lock costs nothing.
@@ -178,8 +178,21 @@ class _EpochCounter:
     """
 
     def __init__(self) -> None:
-        self._shared = multiprocessing.get_context("spawn").Array("q", 3)
+        self._shared = multiprocessing.get_context("spawn").Array("q", 4)
         self._shared[_READERS] = 1
+
+    @property
+    def channel_shift(self) -> int:
+        """How far the epoch numbers are ahead of a PipeChannel's FIFO numbers (a restarted
+        job's FIFOs start again at ``_0``): shared, because a DataLoader worker may load a
+        resume state that the epochs after it, read by other workers, must follow."""
+        with self._shared.get_lock():
+            return self._shared[_SHIFT]
+
+    @channel_shift.setter
+    def channel_shift(self, shift: int) -> None:
+        with self._shared.get_lock():
+            self._shared[_SHIFT] = shift
 
     def set(self, epoch: int) -> None:
         with self._shared.get_lock():
@@ -308,7 +321,6 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._started_epoch: Optional[int] = None  # the epoch of the latest iter() here
         self._pending: Optional[tuple] = None  # (epoch, iterator state(s) or None)
         self._place: Optional[list] = None  # [rank, world_size, worker, num_workers] of iter()
-        self._channel_shift = 0
         adopt = getattr(dataset, "add_stats_provider", None)
         if adopt is not None:
             adopt(self)  # dataset.stats() then sees the epochs read here and in the workers
@@ -370,7 +382,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
                                  "use DataLoader(num_workers=0) on a single process")
             ds = ds.shard(readers, rank * num_workers + worker)
         for i, start in self._channel_starts.items():
-            sources[i].epoch = start + epoch - self._channel_shift
+            sources[i].epoch = start + epoch - self._epoch.channel_shift
         return ds
 
     def _local(self, rank: int, world_size: int, local_rank: Optional[int],
@@ -514,7 +526,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
             self._epoch.resumed(epoch)
         for i, start in self._channel_starts.items():
             # The next FIFO this channel opens carries the resumed epoch.
-            self._channel_shift = epoch - (self.dataset.sources[i].epoch - start)
+            self._epoch.channel_shift = epoch - (self.dataset.sources[i].epoch - start)
 
     def _load_states(self, states: list) -> None:
         """The list form of :meth:`load_state_dict`: every old reader's place and iterator
