@@ -221,12 +221,9 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
             new_starts[k] = NULL;
         }
     }
-    if (n < most) { /* cut short: the filled slots only (the rest are empty, NULL) */
-        PyObject *filled = PyList_GetSlice(out, 0, n);
-        Py_SETREF(out, filled);
-        if (out == NULL)
-            goto fail;
-    }
+    /* Cut short: the list ends at the filled slots (the rest, empty, stay allocated unused; a
+     * copy would touch every item's count again, and they are cold by now). */
+    Py_SET_SIZE(out, n);
     result = Py_BuildValue("(Onn)", out, begin + n, short_part);
 fail:
     Py_XDECREF(out); /* a list with empty (NULL) slots is freed safely */
