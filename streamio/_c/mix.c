@@ -232,8 +232,8 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
             new_starts[k] = NULL;
         }
     }
-    /* Cut short: the list ends at the filled slots (the rest, empty, stay allocated unused; a
-     * copy would touch every item's count again, and they are cold by now). */
+    /* Cut short: the list ends at its filled slots (the rest, never filled, stay allocated
+     * but unused; a copy would count every item up, and the original down, once more). */
     Py_SET_SIZE(out, n);
     result = Py_BuildValue("(Onn)", out, begin + n, short_part);
 fail:
