@@ -156,6 +156,11 @@ def test_a_mix_of_many_inputs_holds_about_what_reading_them_in_turn_holds(tmp_pa
                          stop="all_exhausted")
     alone = streamio.Dataset(paths, "lines")
     assert _peak_bytes(mixed) < 2 * _peak_bytes(alone)
+    # A mix of mixes too (each inner mix shares out the share it is given).
+    halves = [streamio.mix([streamio.Dataset(p, "lines") for p in four], seed=1)
+              for four in (paths[:4], paths[4:])]
+    assert _peak_bytes(streamio.mix(halves, seed=0, stop="all_exhausted")) < 2 * _peak_bytes(
+        alone)
     # An input given its own read size keeps it.
     big = streamio.mix([streamio.Dataset(p, "lines", read_size=1 << 20) for p in paths],
                        seed=0, stop="all_exhausted")
