@@ -24,12 +24,15 @@ specification) maps the draws to inputs and places their items, and their record
 a decoder needs them, until an output block is full or an input's block is used up; Python
 runs once per block, no Python work per item. Memory: one output block being placed (at most
 ``MAX_SLICE`` items), plus each input's current block and read buffer. An input not given its
-own ``read_size`` reads its weight's share of one reader's (``DEFAULT_READ_SIZE``, or the share
-an outer mix gives this one; at least ``MIN_READ_SIZE``): together the inputs hold about what
-one Dataset holds, however many they are, and each input's block is placed over about as
-many output items as one reader's block holds, so its records are still in the CPU's cache
-when they are placed and consumed (with every input reading 1 MiB, the mix of the benchmark
-ran 15-25% slower than its inputs read in turn, most of it records that had left the cache).
+own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
+mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
+least ``MIN_READ_SIZE``). Together the inputs hold at most about twice what one Dataset holds,
+however many they are, and an input's block is placed over a few of one reader's blocks' worth
+of output, so its records are still in the CPU's cache when they are placed and consumed:
+with every input reading 1 MiB, the mix of the benchmark (``streamio bench --workloads mix``)
+ran 20-35% slower than its inputs read in turn on small records, most of it records that had
+left the cache. The equal share keeps an input drawn rarely from reading in pieces so small
+that the work per read outweighs that (records of 16 KiB).
 
 An input's seeds that were drawn (``shuffle(seed=None)``) are replaced by seeds derived from the
 mix's seed and the input's place, so the mix's seed (which a resume state carries when it was
@@ -285,8 +288,9 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
     ctx = ds.context
     run.batched = stage.makes_batches
     track = run.track_ids and not run.batched
-    # Each input reads its weight's share of the read size (see the module's docstring).
+    # Each input's share of the read size (see the module's docstring).
     budget = DEFAULT_READ_SIZE if run.read_size is None else run.read_size
+    equal = 1 / sum(w > 0 for w in stage.weights)
     # (input's Dataset for this epoch and reader, its first source number, its read size)
     plans: list = []
     base = 0
@@ -296,7 +300,7 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
                                     worker=ctx.worker, num_workers=ctx.num_workers)
             for num_shards, index in ds._round_robin:
                 plan = plan.shard(num_shards, index)
-            share = max(MIN_READ_SIZE, int(budget * stage.weights[k]))
+            share = max(MIN_READ_SIZE, int(budget * max(stage.weights[k], equal)))
             plans.append((with_seeds(plan, _input_seeds(stage.seed, k, plan)), base, share))
         else:
             plans.append(None)

@@ -148,9 +148,9 @@ def _peak_bytes(ds) -> int:
 
 
 def test_a_mix_of_many_inputs_holds_about_what_reading_them_in_turn_holds(tmp_path):
-    """Each input reads its weight's share of one reader's read size: eight inputs do not hold
-    eight 1 MiB read buffers and eight 1 MiB blocks of records (30 MB here, against 5 MB for
-    the files read in turn)."""
+    """Each input reads a share of one reader's read size: eight inputs do not hold eight 1 MiB
+    read buffers and eight 1 MiB blocks of records (30 MB here, against 5 MB for the files read
+    in turn)."""
     paths = [_lines(tmp_path / f"{k}.lines", f"{k}{'x' * 90}", 12000) for k in "abcdefgh"]
     mixed = streamio.mix([streamio.Dataset(p, "lines") for p in paths], seed=0,
                          stop="all_exhausted")
