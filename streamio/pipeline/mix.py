@@ -26,13 +26,14 @@ runs once per block, no Python work per item. Memory: one output block being pla
 ``MAX_SLICE`` items), plus each input's current block and read buffer. An input not given its
 own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
 mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
-least ``MIN_READ_SIZE``). Together the inputs hold at most about twice what one Dataset holds,
-however many they are, and an input's block is placed over a few of one reader's blocks' worth
-of output, so its records are still in the CPU's cache when they are placed and consumed:
-with every input reading 1 MiB, the mix of the benchmark (``streamio bench --workloads mix``)
-ran 20-35% slower than its inputs read in turn on small records, most of it records that had
-left the cache. The equal share keeps an input drawn rarely from reading in pieces so small
-that the work per read outweighs that (records of 16 KiB).
+least ``MIN_READ_SIZE``). Together the inputs hold at most about twice what one Dataset holds
+(``MIN_READ_SIZE`` each beyond 16 inputs), not a reader's worth each, and an input's block is
+placed over a few of one reader's blocks' worth of output, so its records are still in the
+CPU's cache when they are placed and consumed: with every input reading 1 MiB, the mix of the
+benchmark (``streamio bench --workloads mix``) ran 20-35% slower than its inputs read in turn
+on small records, most of it records that had left the cache. The equal share keeps an input
+drawn rarely from reading in pieces so small that the work per read outweighs that (records
+of 16 KiB).
 
 An input's seeds that were drawn (``shuffle(seed=None)``) are replaced by seeds derived from the
 mix's seed and the input's place, so the mix's seed (which a resume state carries when it was
