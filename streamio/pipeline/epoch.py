@@ -115,6 +115,9 @@ class EpochRun:
         self.header: Optional[bytes] = None
         self.header_source: Optional[str] = None
         self.fast_forward: Optional[_resume.FastForward] = None  # set by Dataset.iter_from
+        # The read size for sources not given one (a mix's share for an input, see
+        # streamio.pipeline.mix); None: the reader's default. It never changes the records.
+        self.read_size: Optional[int] = None
 
     @classmethod
     def for_sources(cls, ds: Any, epoch: int, stats: EpochStats) -> "EpochRun":
@@ -203,6 +206,9 @@ class EpochRun:
         stats = self.stats
         layers = ds._round_robin
         header_first = self.decoder is not None and takes_header(self.decoder)
+        options = ds._reader_options
+        if self.read_size is not None and "read_size" not in options:
+            options = {**options, "read_size": self.read_size}
         for ordinal in ds._selection:
             source = ds._all_sources[ordinal]
             # Fewer sources than readers: a byte range of the source where it allows one, else
@@ -214,11 +220,11 @@ class EpochRun:
                 if end is not None and start >= end:
                     continue  # no record starts in this reader's range
                 reader = RecordReader(source, ds._format, byte_range=plan.byte_range,
-                                      **ds._reader_options)
+                                      **options)
                 if header_first and start > 0:
                     self.use_header(_first_record(source, ds), source_name(source))
             else:
-                reader = RecordReader(source, ds._format, **ds._reader_options)
+                reader = RecordReader(source, ds._format, **options)
             stats.reader_opened(reader.stats)
             try:
                 seen = 0  # records of this source so far

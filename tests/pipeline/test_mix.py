@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -131,6 +132,52 @@ def test_an_input_of_weight_zero_is_not_read(tmp_path, ab):
                                streamio.Dataset(b, "lines")], [1, 0, 1], seed=0,
                               stop="all_exhausted"))
     assert len(items) == 40000
+
+
+# -- memory ---------------------------------------------------------------------------------------
+def _peak_bytes(ds) -> int:
+    """The most memory Python held at once while one epoch of ``ds`` was read (items dropped as
+    they come, as a training loop does)."""
+    tracemalloc.start()
+    try:
+        for _ in ds:
+            pass
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_mix_of_many_inputs_holds_about_what_reading_them_in_turn_holds(tmp_path):
+    """Each input reads a share of one reader's read size: eight inputs do not hold eight 1 MiB
+    read buffers and eight 1 MiB blocks of records (30 MB here, against 5 MB for the files read
+    in turn)."""
+    paths = [_lines(tmp_path / f"{k}.lines", f"{k}{'x' * 90}", 12000) for k in "abcdefgh"]
+    mixed = streamio.mix([streamio.Dataset(p, "lines") for p in paths], seed=0,
+                         stop="all_exhausted")
+    alone = streamio.Dataset(paths, "lines")
+    assert _peak_bytes(mixed) < 2 * _peak_bytes(alone)
+    # A mix of mixes too (each inner mix shares out the share it is given).
+    halves = [streamio.mix([streamio.Dataset(p, "lines") for p in four], seed=1)
+              for four in (paths[:4], paths[4:])]
+    assert _peak_bytes(streamio.mix(halves, seed=0, stop="all_exhausted")) < 2 * _peak_bytes(
+        alone)
+    # An input given its own read size keeps it.
+    big = streamio.mix([streamio.Dataset(p, "lines", read_size=1 << 20) for p in paths],
+                       seed=0, stop="all_exhausted")
+    assert _peak_bytes(big) > 3 * _peak_bytes(alone)
+
+
+def test_an_input_cached_when_read_alone_is_served_from_its_cache_in_a_mix(tmp_path, ab):
+    """The mix's share of the read size is no part of what an input's cache is keyed on (the
+    records do not depend on it): the file written by reading the input alone serves it."""
+    a, b = ab
+    (tmp_path / "cache").mkdir()
+    cached = streamio.Dataset(a, "lines").cache(str(tmp_path / "cache"))
+    assert len(list(cached)) == 30000  # fills the cache file
+    os.remove(a)  # read from the cache, or a SourceError
+    items = list(streamio.mix([cached, streamio.Dataset(b, "lines")], [0.75, 0.25], seed=0,
+                              stop="all_exhausted"))
+    assert _from(items, b"a") == [f"a{i}".encode() for i in range(30000)]
 
 
 # -- inputs with their own shuffle and decoder; stages after the mix ----------------------------
