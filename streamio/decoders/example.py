@@ -110,6 +110,10 @@ def _fixed_column(name: str, spec: FixedLen, values: Any, counts: np.ndarray,
                   where: _Where) -> np.ndarray:
     n = spec.size
     nrec = len(counts)
+    if (counts == n).all():  # the common case, in one pass: every record has its n values
+        flat = _cast(values, spec.dtype, counts, where, name)
+        # Writable, so that torch.from_numpy takes it without a warning or a copy.
+        return np.require(flat.reshape((nrec,) + spec.shape), requirements="W")
     wrong = (counts >= 0) & (counts != n)
     if wrong.any():
         i = int(np.argmax(wrong))
@@ -120,9 +124,6 @@ def _fixed_column(name: str, spec: FixedLen, values: Any, counts: np.ndarray,
     if any_missing and spec.default is None:
         raise where.error("feature is missing and has no default", int(np.argmax(missing)), name)
     flat = _cast(values, spec.dtype, counts, where, name)
-    if not any_missing:
-        # Writable, so that torch.from_numpy takes it without a warning or a copy.
-        return np.require(flat.reshape((nrec,) + spec.shape), requirements="W")
     out = np.empty((nrec, n), dtype=flat.dtype)
     out[~missing] = flat.reshape(-1, n)
     out[missing] = spec.default.reshape(n)
