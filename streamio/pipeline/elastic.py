@@ -144,26 +144,66 @@ def _old_plan(ds: Any, state: dict, where: str, feed: Any = None) -> Any:
     return _resume.with_seeds(plan, state["seeds"])
 
 
-def _remainder(ds: Any, state: dict, where: str) -> list:
-    """``[(plan, filters)]``: the runs that replay what ``state``'s shard had not delivered
-    (several for a state that was itself an elastic resume), each with the filters that pick
-    its items: a fresh ``SkipFirst(delivered)`` first."""
+class _Leaf:
+    """An old reader's replay: its state, and the filters that pick its items (its own
+    ``SkipFirst`` first, then the ``Deal`` of the level above)."""
+
+    def __init__(self, state: dict, where: str, filters: list) -> None:
+        self.state, self.where, self.filters = state, where, filters
+        self.plan: Any = None
+        self.share = tuple(state.get("stream", (1, 0)))
+
+
+class _Merge:
+    """An elastic epoch's items: its old shards' items taken in turn, one each (a fixed rule,
+    so a state of it resumes), then its own filters."""
+
+    def __init__(self, children: list, filters: list) -> None:
+        self.children, self.filters = children, filters
+
+
+def _tree(ds: Any, state: dict, where: str, extra: list) -> Any:
+    """What replays what ``state``'s shard had not delivered (None: nothing), checked, finished
+    or not: a :class:`_Leaf` for a plain state, a :class:`_Merge` of its old shards' trees for
+    one that was itself an elastic resume. ``extra``: the filters of the level above that
+    apply to this shard's items (its ``Deal``)."""
     elastic = state.get("elastic")
+    skip = SkipFirst(state["delivered"])  # counted over this shard's whole stream
     if elastic is None:
-        plan = _old_plan(ds, state, where)  # checked, finished or not
-        return [] if state["finished"] else [(plan, [SkipFirst(state["delivered"])])]
+        if state["finished"]:
+            _old_plan(ds, state, where, _Unread(state))  # checked all the same
+            return None
+        return _Leaf(state, where, [skip] + extra)
     universe, old = _layout(elastic["from"], f"{where}.elastic.from")
     if _deal(universe, _layers(state, where)) != tuple(elastic["deal"]):
         raise UsageError(f"resume state {where}: its 'elastic' 'deal' {elastic['deal']} does not"
-                         f" fit its shards {state['shards']}")
+                         f" fit its shards {_layers(state, where)}")
     m, j = elastic["deal"]
-    skip = SkipFirst(state["delivered"])  # shared by its runs: counted over its whole stream
-    runs = []
-    for s, inner in enumerate(old):
-        deal = Deal(m, j, s)  # counted over old shard s's remainder
-        for plan, filters in _remainder(ds, inner, f"{where}.elastic.from[{s}]"):
-            runs.append((plan, filters + [deal, skip]))
-    return [] if state["finished"] else runs
+    children = [_tree(ds, inner, f"{where}.elastic.from[{s}]", [Deal(m, j, s)])
+                for s, inner in enumerate(old)]  # Deal: counted over old shard s's remainder
+    if state["finished"]:
+        return None
+    return _Merge([c for c in children if c is not None], [skip] + extra)
+
+
+def _runs(node: Any, above: list) -> list:
+    """``[(leaf, filters)]``: each leaf with its filters and those of the levels above it, in
+    the order they apply (each level's filters shared by the runs below it)."""
+    if isinstance(node, _Leaf):
+        return [(node, node.filters + above)]
+    return [run for child in node.children for run in _runs(child, node.filters + above)]
+
+
+class _Unread:
+    """The feed of a finished old reader's plan, built only to check it against its state."""
+
+    replayable = True
+
+    def __init__(self, state: dict) -> None:
+        self.dealt = tuple(state["stream"]) if "stream" in state else None
+
+    def __call__(self, run: Any) -> Iterator[tuple]:
+        return iter(())
 
 
 def _epoch_of(states: list, where: str) -> int:
@@ -252,7 +292,9 @@ def _start(ds: Any, epoch: int, elastic: dict, delivered: int, done: bool = Fals
     if _read_once(ds) or _dealt(elastic):
         blocks = _start_one_read(ds, carrier, epoch, stats, done)
     else:
-        blocks = _chain(_remainder(ds, carrier, ""), epoch, stats, delivered)
+        runs = [(_old_plan(ds, leaf.state, leaf.where), filters)
+                for leaf, filters in _runs(_tree(ds, carrier, "", []), [])]
+        blocks = _chain(runs, epoch, stats, delivered)
     it = EpochIterator(blocks, stats, batched=ds._batched())
     it._origin = (ds, epoch, delivered, elastic)
     return it
@@ -262,86 +304,39 @@ def _chain(runs: list, epoch: int, stats: EpochStats, delivered: int) -> Iterato
     """The runs one after another, each opened when the one before has ended."""
     last_skip = None
     for plan, filters in runs:
-        run = EpochRun(plan, epoch, stats)
-        skip = _resume.plan_fast_forward(plan._stages, plan._decoder is not None,
-                                         filters[0].n, Selection(filters))
-        run.fast_forward = skip
         last_skip = filters[-1]
-        blocks = run.build()
-        try:
-            yield from blocks
-        finally:
-            close_blocks(blocks)
+        yield from _replayed(plan, filters, epoch, stats)
     if last_skip is not None and last_skip.seen < delivered:
-        raise UsageError(f"resume state: 'delivered' is {delivered}, but this shard's share of"
-                         f" the epoch holds only {last_skip.seen} items: the state is not this"
-                         " pipeline's (or its data changed)")
+        raise _beyond_share(delivered, last_skip.seen)
+
+
+def _replayed(plan: Any, filters: list, epoch: int, stats: EpochStats) -> Iterator[tuple]:
+    """The blocks of an old shard's replayed epoch that ``filters`` pick (its fast-forward:
+    skipped batches are not decoded where the pipeline allows)."""
+    run = EpochRun(plan, epoch, stats)
+    run.fast_forward = _resume.plan_fast_forward(plan._stages, plan._decoder is not None,
+                                                 filters[0].n, Selection(filters))
+    blocks = run.build()
+    try:
+        yield from blocks
+    finally:
+        close_blocks(blocks)
+
+
+def _beyond_share(delivered: int, seen: int) -> UsageError:
+    return UsageError(f"resume state: 'delivered' is {delivered}, but this shard's share of the"
+                      f" epoch holds only {seen} items: the state is not this pipeline's (or its"
+                      " data changed)")
 
 
 # -- a stream read once: the old shards replayed together -----------------------------------------
-class _Leaf:
-    """An old reader's replay: its state, and the filters that pick its items (its own
-    ``SkipFirst`` first; the ``Deal`` of the level above, when that level is a plain deal)."""
-
-    def __init__(self, state: dict, where: str, filters: list) -> None:
-        self.state, self.where, self.filters = state, where, filters
-        self.plan: Any = None
-        self.share = tuple(state.get("stream", (1, 0)))
-
-
-class _Merge:
-    """An elastic epoch's items: its old shards' items taken in turn, one each (a fixed rule,
-    so a state of it resumes), then its own filters."""
-
-    def __init__(self, children: list, filters: list) -> None:
-        self.children, self.filters = children, filters
-
-
-def _tree(ds: Any, state: dict, where: str, extra: list) -> Any:
-    """What replays ``state``'s shard, or None when it has nothing left."""
-    if state["finished"]:
-        if state.get("elastic") is None:
-            _old_plan(ds, state, where, _Unread(state))  # checked, finished or not
-        return None
-    elastic = state.get("elastic")
-    skip = SkipFirst(state["delivered"])
-    if elastic is None:
-        return _Leaf(state, where, [skip] + extra)
-    universe, old = _layout(elastic["from"], f"{where}.elastic.from")
-    if _deal(universe, _layers(state, where)) != tuple(elastic["deal"]):
-        raise UsageError(f"resume state {where}: its 'elastic' 'deal' {elastic['deal']} does not"
-                         f" fit its shards {_layers(state, where)}")
-    m, j = elastic["deal"]
-    children = [_tree(ds, inner, f"{where}.elastic.from[{s}]", [Deal(m, j, s)])
-                for s, inner in enumerate(old)]
-    return _Merge([c for c in children if c is not None], [skip] + extra)
-
-
-class _Unread:
-    """The feed of a finished old reader's plan, built only to check it against its state."""
-
-    replayable = True
-
-    def __init__(self, state: dict) -> None:
-        self.dealt = tuple(state["stream"]) if "stream" in state else None
-
-    def __call__(self, run: Any) -> Iterator[tuple]:
-        return iter(())
-
-
-def _leaves(node: Any) -> list:
-    if isinstance(node, _Leaf):
-        return [node]
-    return [leaf for child in node.children for leaf in _leaves(child)]
-
-
 def _start_one_read(ds: Any, carrier: dict, epoch: int, stats: EpochStats,
                     done: bool) -> Iterator[tuple]:
     """An elastic epoch over a stream read once: every old reader's share is replayed from
     one read of it (each reader of a shared stream gets every block of this epoch:
     :mod:`streamio.pipeline.dealing`), the replays read in turn."""
     root = _tree(ds, carrier, "", [])
-    leaves = [] if root is None or done else _leaves(root)
+    leaves = [] if root is None or done else [leaf for leaf, _ in _runs(root, [])]
     shares = {leaf.share[0] for leaf in leaves} or {1}
     if len(shares) > 1:
         raise UsageError(f"resume states: the old readers shared the stream among different"
@@ -381,17 +376,13 @@ def _replay(root: Any, demux: Demux, epoch: int, stats: EpochStats) -> Iterator[
 def _items(node: Any, epoch: int, stats: EpochStats) -> Iterator[list]:
     """Lists of ``node``'s items, in order."""
     if isinstance(node, _Leaf):
-        run = EpochRun(node.plan, epoch, stats)
-        run.fast_forward = _resume.plan_fast_forward(
-            node.plan._stages, node.plan._decoder is not None, node.filters[0].n,
-            Selection(node.filters))
-        blocks = run.build()
+        blocks = _replayed(node.plan, node.filters, epoch, stats)
         try:
             for block in blocks:
                 if block[0]:
                     yield block[0]
         finally:
-            close_blocks(blocks)
+            blocks.close()
         return
     children = [_each(_items(child, epoch, stats)) for child in node.children]
     selection = Selection(node.filters)
@@ -407,8 +398,7 @@ def _items(node: Any, epoch: int, stats: EpochStats) -> Iterator[list]:
                     break
             live = going
             if len(out) >= 64 or (out and not live):
-                chosen = selection.pick(len(out))
-                kept = out[chosen] if isinstance(chosen, slice) else [out[i] for i in chosen]
+                kept, _ = _resume._take(out, None, selection.pick(len(out)))
                 out = []
                 if kept:
                     yield kept
@@ -417,9 +407,7 @@ def _items(node: Any, epoch: int, stats: EpochStats) -> Iterator[list]:
             child.close()
     skip = node.filters[0]
     if skip.seen < skip.n:
-        raise UsageError(f"resume state: 'delivered' is {skip.n}, but this shard's share of"
-                         f" the epoch holds only {skip.seen} items: the state is not this"
-                         " pipeline's (or its data changed)")
+        raise _beyond_share(skip.n, skip.seen)
 
 
 def _each(lists: Iterator[list]) -> Iterator[Any]:

@@ -231,7 +231,6 @@ class Dealer(threading.Thread):
         exhausted = False
         failure: Optional[BaseException] = None
         stalled_since: Optional[float] = None
-        self.progress = time.monotonic()  # when a block or an END last went out
         ahead = READ_AHEAD + (1 if self.broadcast else self.readers)
         try:
             while not self.stop_now.is_set():
@@ -305,19 +304,16 @@ class Dealer(threading.Thread):
             if client.finished:
                 continue
             k = self._next_of(client.index)
-            if k in self.window:
-                self.taken[client.index] += 1
-                self._release_after_send(client, k, waiting)
-            else:
+            if k not in self.window:
                 still.append(client)
+                continue
+            message = self.window[k][0]
+            self._release(k)
+            self.taken[client.index] += 1
+            self.progress = time.monotonic()
+            client.blocks += 1  # from now on its records may be lost with it
+            self._send(client, message, waiting)
         waiting.extend(still)
-
-    def _release_after_send(self, client: _Client, k: int, waiting: collections.deque) -> None:
-        message = self.window[k][0]
-        self._release(k)
-        self.progress = time.monotonic()
-        client.blocks += 1  # from now on its records may be lost with it
-        self._send(client, message, waiting)
 
     def _accept(self) -> None:
         while True:

@@ -283,17 +283,18 @@ def test_compressed_and_fifo_streams_resume(files, fifo, source):
         _resume_and_check(make, 3, m, stops, feed, full)
 
 
-def test_a_reader_that_stops_taking_blocks_ends_the_epoch_naming_it(files, monkeypatch):
-    """The dealer holds at most BUFFER_BYTES of blocks not yet taken: reader 1 takes one item
-    and then nothing (without closing), so reader 0 waits at the bound, and connect_timeout
-    later the epoch ends with a SourceError naming reader 1 (not a hang)."""
-    monkeypatch.setattr(dealer, "BUFFER_BYTES", 1)
+def _with_a_stuck_reader(path: str) -> tuple:
+    """Two readers of one shared stream (connect_timeout 2 s) in threads, not started: reader 1
+    takes one item and then waits on ``release`` without closing. ``(threads, release,
+    errors, feeds)``: what each reader raised, and its feed."""
     token = secrets.token_hex(8)
     release = threading.Event()
     errors: dict = {}
+    feeds: dict = {}
 
     def read(w: int) -> None:
-        ds = _reader(files["file"], "records", 1, 1, 2, w, token, timeout=2.0)
+        ds = _reader(path, "records", 1, 1, 2, w, token, timeout=2.0)
+        feeds[w] = ds._feed
         try:
             for k, _ in enumerate(ds):
                 if w == 1 and k == 0:
@@ -302,6 +303,15 @@ def test_a_reader_that_stops_taking_blocks_ends_the_epoch_naming_it(files, monke
             errors[w] = exc
 
     threads = [threading.Thread(target=read, args=(w,), daemon=True) for w in range(2)]
+    return threads, release, errors, feeds
+
+
+def test_a_reader_that_stops_taking_blocks_ends_the_epoch_naming_it(files, monkeypatch):
+    """The dealer holds at most BUFFER_BYTES of blocks not yet taken: reader 1 takes one item
+    and then nothing (without closing), so reader 0 waits at the bound, and connect_timeout
+    later the epoch ends with a SourceError naming reader 1 (not a hang)."""
+    monkeypatch.setattr(dealer, "BUFFER_BYTES", 1)
+    threads, release, errors, _ = _with_a_stuck_reader(files["file"])
     began = time.monotonic()
     for thread in threads:
         thread.start()
@@ -406,23 +416,8 @@ def test_the_dealers_process_is_not_kept_forever_by_a_reader_that_stops(files):
     thread ends (a process waiting for it to exit is not held forever)."""
     from streamio.sharing.stream import SharedStreamFeed
 
-    token = secrets.token_hex(8)
-    release = threading.Event()
-    errors: dict = {}
-    feeds: dict = {}
-
-    def read(w: int) -> None:
-        ds = _reader(files["file"], "records", 1, 1, 2, w, token, timeout=2.0)
-        feeds[w] = ds._feed
-        try:
-            for k, _ in enumerate(ds):
-                if w == 1 and k == 0:
-                    release.wait(JOIN_S)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            errors[w] = exc
-
+    threads, release, errors, feeds = _with_a_stuck_reader(files["file"])
     before = {t.ident for t in threading.enumerate()}
-    threads = [threading.Thread(target=read, args=(w,), daemon=True) for w in range(2)]
     for thread in threads:
         thread.start()
     try:

@@ -178,32 +178,38 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def job_main(workdir, phase, nranks, timeout):
-    """Start the ranks as torchrun would (its variables, the store on 127.0.0.1) and wait for
-    them, at most ``timeout`` seconds: a rank that hangs fails the job, never the CI run."""
+def run_ranks(script, workdir, phase, nranks, timeout, others=()):
+    """Start ``script rank workdir phase`` as ``nranks`` ranks of one host, as torchrun would
+    (its variables, the store on 127.0.0.1), and wait for them, at most ``timeout`` seconds: a
+    rank that hangs fails the job, never the CI run. ``others`` (processes feeding the ranks)
+    are killed with them if still running. Returns the worst exit code (124: timed out)."""
     port = free_port()
-    procs = []
+    ranks = []
     for rank in range(nranks):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
         env.update(RANK=str(rank), WORLD_SIZE=str(nranks), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "rank", workdir, phase],
+        ranks.append(subprocess.Popen([sys.executable, script, "rank", workdir, phase],
                                       env=env))
     deadline = time.monotonic() + timeout
     codes = []
     try:
-        for proc in procs:
+        for proc in ranks:
             codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
     except subprocess.TimeoutExpired:
-        print(f"ranks still running after {timeout} s", file=sys.stderr)
+        print(f"{phase}: ranks still running after {timeout} s", file=sys.stderr)
         return 124
     finally:
-        for proc in procs:
+        for proc in [*others, *ranks]:  # a writer whose reader stopped early is done too
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
+            proc.wait()
     return max(codes)
+
+
+def job_main(workdir, phase, nranks, timeout):
+    return run_ranks(__file__, workdir, phase, nranks, timeout)
 
 
 def local_main(workdir):

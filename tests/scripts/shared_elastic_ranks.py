@@ -29,12 +29,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/: support.examples
 sys.path.insert(0, HERE)
-from elastic_torch import free_port, loader_of, write  # noqa: E402
+from elastic_torch import loader_of, run_ranks, write  # noqa: E402
 
 N = 1200
 BATCH = 16
@@ -123,31 +122,8 @@ def job_main(workdir, phase, timeout):
     """Start the ranks as torchrun would on one host (its variables, the store on 127.0.0.1)
     and wait for them, at most ``timeout`` seconds: a rank that hangs fails the job."""
     nranks, _, _, take = PHASES[phase]
-    procs = feed(workdir, 1 if take else 2)
-    port = free_port()
-    ranks = []
-    for rank in range(nranks):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
-        env.update(RANK=str(rank), WORLD_SIZE=str(nranks), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(nranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-        ranks.append(subprocess.Popen([sys.executable, __file__, "rank", workdir, phase],
-                                      env=env))
-    procs += ranks
-    deadline = time.monotonic() + timeout
-    codes = []
-    try:
-        for proc in ranks:
-            codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
-    except subprocess.TimeoutExpired:
-        print(f"{phase}: ranks still running after {timeout} s", file=sys.stderr)
-        return 124
-    finally:
-        for proc in procs:  # a writer whose reader stopped early (the old job) is done too
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-    return max(codes)
+    writers = feed(workdir, 1 if take else 2)
+    return run_ranks(__file__, workdir, phase, nranks, timeout, others=writers)
 
 
 def main():
