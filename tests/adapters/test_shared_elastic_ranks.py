@@ -30,6 +30,7 @@ import pytest
 import streamio
 
 from conftest import SCRIPTS
+from support.clean_workers import CONTEXT
 from support.examples import write_id_examples
 from support.rank_jobs import assert_exactly_once, run_job
 
@@ -144,7 +145,8 @@ def restart(tmp_path, fifo):
             .batch(BATCH).to_torch()
         if states is not None:
             tds.load_state_dict(states)
-        loader = StatefulDataLoader(tds, batch_size=None, num_workers=workers)
+        loader = StatefulDataLoader(tds, batch_size=None, num_workers=workers,
+                                    multiprocessing_context=CONTEXT if workers else None)
         if own is not None:
             loader.load_state_dict(own)
         return loader

@@ -16,6 +16,7 @@ import pytest
 
 import streamio
 from streamio.decoders import Example, FixedLen, encode_example
+from support.clean_workers import CONTEXT
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
@@ -58,7 +59,8 @@ def _loader(prefix: str, workers: int, states=None):
     tds = _dataset(prefix).to_torch()
     if states is not None:
         tds.load_state_dict(states)  # the list form: before the loader is made
-    return stateful.StatefulDataLoader(tds, batch_size=None, num_workers=workers)
+    return stateful.StatefulDataLoader(tds, batch_size=None, num_workers=workers,
+                                       multiprocessing_context=CONTEXT if workers else None)
 
 
 def _interrupted(prefix: str, feed, workers: int, after: int) -> tuple:
