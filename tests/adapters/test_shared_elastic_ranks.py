@@ -30,7 +30,7 @@ import pytest
 import streamio
 
 from conftest import SCRIPTS
-from support.clean_workers import CONTEXT
+from support.clean_workers import context_for
 from support.examples import write_id_examples
 from support.rank_jobs import assert_exactly_once, run_job
 
@@ -146,7 +146,7 @@ def restart(tmp_path, fifo):
         if states is not None:
             tds.load_state_dict(states)
         loader = StatefulDataLoader(tds, batch_size=None, num_workers=workers,
-                                    multiprocessing_context=CONTEXT if workers else None)
+                                    multiprocessing_context=context_for(workers))
         if own is not None:
             loader.load_state_dict(own)
         return loader

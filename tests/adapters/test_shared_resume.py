@@ -4,7 +4,7 @@ bytes: on the same layout the resumed epoch is the uninterrupted one exactly; on
 of workers (or none) every record comes exactly once over the two runs (issue #25).
 
 Real parts: a PipeChannel whose FIFOs a writer process feeds, torchdata's StatefulDataLoader
-with forked workers, states through JSON."""
+with workers started from a forkserver (support/clean_workers.py), states through JSON."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 import streamio
 from streamio.decoders import Example, FixedLen, encode_example
-from support.clean_workers import CONTEXT
+from support.clean_workers import context_for
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),
@@ -60,7 +60,7 @@ def _loader(prefix: str, workers: int, states=None):
     if states is not None:
         tds.load_state_dict(states)  # the list form: before the loader is made
     return stateful.StatefulDataLoader(tds, batch_size=None, num_workers=workers,
-                                       multiprocessing_context=CONTEXT if workers else None)
+                                       multiprocessing_context=context_for(workers))
 
 
 def _interrupted(prefix: str, feed, workers: int, after: int) -> tuple:

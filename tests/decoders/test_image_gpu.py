@@ -29,6 +29,8 @@ from streamio.decoders._torch_image import (GPU_MAX_ABS_TOLERANCE,  # noqa: E402
 from streamio.errors import DecodeError, UsageError  # noqa: E402
 from streamio.torch import to_device  # noqa: E402
 
+from support.clean_workers import CONTEXT  # noqa: E402
+
 CUDA = torch.cuda.is_available()
 
 
@@ -182,7 +184,7 @@ def test_to_device_hides_80_percent_of_copy_time_behind_compute():
 def test_dataloader_pin_memory_pins_every_batch_and_loses_none(tmp_path):
     ds = dataset_of_ids(tmp_path, 64)
     loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2,
-                                         pin_memory=True)
+                                         pin_memory=True, multiprocessing_context=CONTEXT)
     ids = []
     for batch in loader:
         assert batch["id"].is_pinned()
@@ -196,7 +198,8 @@ def test_dataloader_pin_memory_pins_every_batch_and_loses_none(tmp_path):
 def test_cuda_prefetcher_resumes_a_stateful_dataloader_exactly_once(tmp_path, depth):
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
     ds = dataset_of_ids(tmp_path, 96)
-    loader = sdl.StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    loader = sdl.StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2,
+                                    multiprocessing_context=CONTEXT)
     prefetcher = to_device(loader, "cuda", depth=depth)
     seen = []
     for batch in prefetcher:
@@ -205,7 +208,8 @@ def test_cuda_prefetcher_resumes_a_stateful_dataloader_exactly_once(tmp_path, de
         if len(seen) == 40:
             break
     state = prefetcher.state_dict()  # the loader itself is `depth` batches further on
-    resumed = sdl.StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    resumed = sdl.StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2,
+                                     multiprocessing_context=CONTEXT)
     resumed.load_state_dict(state)
     rest = [i for b in to_device(resumed, "cuda", depth=depth) for i in b["id"].cpu().tolist()]
     assert sorted(seen + rest) == list(range(96))
@@ -285,7 +289,8 @@ def test_gpu_decode_through_a_dataloader_from_a_fifo_exactly_once(fifo, tmp_path
 def test_gpu_decode_in_a_dataloader_worker_is_a_usage_error(tmp_path):
     decoder = Example({"image": Image(size=32, device="cuda"), "id": FixedLen([], "int64")})
     ds = dataset_of_ids(tmp_path, 16, images=JPEGS[:2], decoder=decoder)
-    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=1)
+    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=1,
+                                         multiprocessing_context=CONTEXT)
     with pytest.raises(UsageError, match="num_workers=0"):
         list(loader)
 

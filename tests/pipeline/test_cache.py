@@ -27,6 +27,7 @@ from streamio.pipeline.resume import plan_fast_forward
 
 from conftest import SCRIPTS
 from hostile_http import HostileHTTPServer
+from support.clean_workers import CONTEXT
 
 N_FILES = 2
 PER_FILE = 300  # ids are 1000 * source + index
@@ -428,7 +429,7 @@ def test_torch_workers_cache_their_own_shard(server, tmp_path, kind, persistent,
     urls = _urls(server)
     ds = Dataset(urls, "tfrecord", decoder=_decoder()).batch(16).cache(_where(tmp_path, kind))
     loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2,
-                        persistent_workers=persistent)
+                        persistent_workers=persistent, multiprocessing_context=CONTEXT)
     for epoch in range(3):
         got = sorted(i for b in loader for i in b["x"].tolist())
         assert got == ALL_IDS
@@ -474,7 +475,8 @@ def test_torch_workers_sharing_one_pipe_channel_cache_their_share(tmp_path, fifo
     fifo.start(str(tmp_path / "train_0"), str(ref))
     channel = streamio.PipeChannel(str(tmp_path / "train"), open_timeout=20)
     ds = Dataset(channel, "tfrecord", decoder=_decoder()).batch(16).cache(_where(tmp_path, kind))
-    loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2, persistent_workers=True)
+    loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2, persistent_workers=True,
+                        multiprocessing_context=CONTEXT)
     for _ in range(3):
         assert sorted(i for b in loader for i in b["x"].tolist()) == ALL_IDS
     assert not os.path.exists(tmp_path / "train_1")
@@ -490,7 +492,7 @@ def test_stateful_dataloader_resumes_a_cached_epoch_from_the_files(server, tmp_p
     make = lambda: stateful.StatefulDataLoader(  # noqa: E731
         CHAINS["batches"](Dataset(urls, "tfrecord", decoder=_decoder()),
                           lambda d: d.cache(str(tmp_path / "cache"))).to_torch(),
-        batch_size=None, num_workers=2)
+        batch_size=None, num_workers=2, multiprocessing_context=CONTEXT)
     loader = make()
     epochs = [[b["x"].tolist() for b in loader] for _ in range(3)]
     assert epochs[1] != epochs[2]

@@ -29,6 +29,7 @@ from streamio.reader import PAST_END_READ_SIZE
 from streamio.sources.ranged import split_range
 
 from hostile_http import HostileHTTPServer
+from support.clean_workers import CONTEXT
 from support.s3 import moto_endpoint, s3_client
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -329,7 +330,8 @@ def test_dataloader_workers_split_one_file_by_range(tmp_path):
     records = [b"%06d" % i + b"x" * 500 for i in range(2000)]
     write_records(str(path), "tfrecord", records)
     ds = Dataset(str(path), "tfrecord")
-    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2,
+                                         multiprocessing_context=CONTEXT)
     got = [bytes(r) if not isinstance(r, bytes) else r for r in loader]
     assert sorted(got) == sorted(records)
     # Both workers together read the file about once (round-robin would read it twice).

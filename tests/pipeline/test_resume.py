@@ -23,6 +23,7 @@ from streamio.decoders import Example, FixedLen, encode_example
 from streamio.errors import UsageError
 
 from hostile_http import HostileHTTPServer
+from support.clean_workers import context_for
 
 # Notices from the libraries under test, not from streamio: torchdata calls a deprecated torch
 # API, and torch.distributed.checkpoint says it runs in a single process (as the test means).
@@ -345,7 +346,8 @@ def test_stateful_dataloader_resumes_exactly(sources, num_workers, where, chain)
     pytest.importorskip("torch")
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     make = lambda ds: stateful.StatefulDataLoader(  # noqa: E731
-        ds.to_torch(), batch_size=None, num_workers=num_workers)
+        ds.to_torch(), batch_size=None, num_workers=num_workers,
+        multiprocessing_context=context_for(num_workers))
     ds = _dataset(sources["gzip"], chain)
     reference = make(ds)
     epochs = [_torch_epoch(reference) for _ in range(2)]  # epochs 0 and 1, uninterrupted

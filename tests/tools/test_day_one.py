@@ -19,6 +19,8 @@ from streamio.cli import build_parser
 from streamio.errors import SourceError
 from streamio.tools.diagnose import Diagnosis, RunFigures, _verdict
 
+from support.clean_workers import forkserver_by_default
+
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "streamio", *args], capture_output=True,
@@ -133,13 +135,18 @@ def test_print_of_a_diagnosis_is_the_report():
     assert "RunFigures(" not in str(d)
 
 
+def _floats(batch: list) -> dict:
+    # At module level: the DataLoader workers get the dataset pickled, and a lambda is not.
+    return {"x": np.frombuffer(b"".join(batch), np.float32)}
+
+
 def test_diagnose_reports_the_workers_figures(tmp_path):
     pytest.importorskip("torch")
     path = str(tmp_path / "x.tfrecord")
     streamio.write_records(path, "tfrecord", [np.float32(np.arange(64)).tobytes()] * 20_000)
-    ds = Dataset(path, "tfrecord").batch(64).map(
-        lambda b: {"x": np.frombuffer(b"".join(b), np.float32)})
-    d = streamio.diagnose(ds, step_ms=0.0, seconds=3.0, workers=[2])
+    ds = Dataset(path, "tfrecord").batch(64).map(_floats)
+    with forkserver_by_default():  # diagnose makes the DataLoader: no context to pass
+        d = streamio.diagnose(ds, step_ms=0.0, seconds=3.0, workers=[2])
     workers = d.workers[0]
     assert workers.counted and workers.readers == 2 and workers.bytes > 0
     row = {line[:28].strip(): line[28:].split() for line in d.table().splitlines()}

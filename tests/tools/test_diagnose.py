@@ -15,6 +15,8 @@ import pytest
 import streamio
 from streamio import Dataset, Example, FixedLen, PipeChannel
 
+from support.clean_workers import forkserver_by_default
+
 SPEC = {"x": FixedLen([32], "float32"), "y": FixedLen([], "int64")}
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts")
 
@@ -126,7 +128,8 @@ def test_dataloader_worker_runs(tmp_path, examples):
     second = tmp_path / "b.tfrecord"
     second.write_bytes(open(examples, "rb").read())
     ds = Dataset([examples, str(second)], "tfrecord", decoder=Example(SPEC)).batch(64)
-    d = streamio.diagnose(ds, step_ms=1, seconds=2, workers=[0, 2])
+    with forkserver_by_default():  # diagnose makes the DataLoader: no context to pass
+        d = streamio.diagnose(ds, step_ms=1, seconds=2, workers=[0, 2])
     [run] = d.workers
     assert run.name == "2 workers" and run.batches > 0 and run.records > 0
     assert "2 workers" in d.table()
