@@ -167,6 +167,34 @@ def test_a_mix_of_many_inputs_holds_about_what_reading_them_in_turn_holds(tmp_pa
     assert _peak_bytes(big) > 3 * _peak_bytes(alone)
 
 
+def test_a_mix_with_a_decoder_cuts_its_output_into_blocks_of_one_length(tmp_path):
+    """With a decoder after the mix (it decodes a block's batches in one call), the output
+    blocks all have one length (after the first, cut before any input's block length is known),
+    whatever the draws and wherever the inputs' blocks end: the decoder then allocates the same
+    sizes block after block, which the C allocator reuses (blocks cut where an input's block
+    ended made the heap grow and shrink, a tenth of a decoded epoch in page faults: see
+    streamio.pipeline.mix). Without a decoder a block ends where an input's does."""
+    from streamio.pipeline.epoch import EpochRun
+    from streamio.pipeline.stats import EpochStats
+
+    a = write_id_examples(tmp_path / "a.tfrecord", range(30000))
+    b = write_id_examples(tmp_path / "b.tfrecord", range(100000, 110000))
+
+    def block_sizes(decoder):
+        mixed = streamio.mix([streamio.Dataset(a, "tfrecord", decoder=decoder,
+                                               read_size=96 * 1024),
+                              streamio.Dataset(b, "tfrecord", decoder=decoder,
+                                               read_size=64 * 1024)],
+                             [0.75, 0.25], seed=3, stop="all_exhausted")
+        sizes = [len(items) for items, _ in EpochRun(mixed, 0, EpochStats()).build()]
+        assert sum(sizes) == 40000
+        return sizes[1:-1]
+
+    decoded = block_sizes(ID_X)
+    assert len(decoded) > 10 and len(set(decoded)) == 1, decoded
+    assert len(set(block_sizes(None))) > 10
+
+
 def test_an_input_cached_when_read_alone_is_served_from_its_cache_in_a_mix(tmp_path, ab):
     """The mix's share of the read size is no part of what an input's cache is keyed on (the
     records do not depend on it): the file written by reading the input alone serves it."""

@@ -11,7 +11,7 @@ def test_the_mix_benchmark_runs_and_reports_each_pipeline(capsys):
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
     assert set(rows) == {"raw", "decoded", "raw-16k"}
-    # alone_s mixed_s ratio alone_cpu mixed_cpu cpu_ratio: times (printed to the ms: a fast
-    # machine may print 0.000) and positive ratios
-    assert all(len(row) == 6 and all(float(v) >= 0 for v in row)
+    # alone_s mixed_s ratio alone_cpu mixed_cpu cpu_ratio alone_flt mixed_flt: times (printed to
+    # the ms: a fast machine may print 0.000), positive ratios, page faults per epoch
+    assert all(len(row) == 8 and all(float(v) >= 0 for v in row)
                and float(row[2]) > 0 and float(row[5]) > 0 for row in rows.values())
