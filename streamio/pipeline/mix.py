@@ -28,11 +28,13 @@ decoder after the mix a block also ends where an input's block or the draws end 
 reach the consumer soonest, while they are still in the CPU's cache). With one (the mix's
 decoder, which decodes a block's batches in one call) the blocks all have one length, the next
 input block pulled in mid-block: the decoder then allocates the same sizes block after block,
-which the C allocator reuses. Blocks cut where an input's block ended held 3 to 17 batches of
-256, and the heap grew and was given back to the system (glibc trims it beyond twice its
-largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an epoch against
-1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs alone against
-1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
+which the C allocator reuses (the items placed in a block wait for it to fill: an input slow to
+give its next block delays them by that wait, at most one block's worth, where the mix would
+wait for it before its next item anyway). Blocks cut where an input's block ended held 3 to
+17 batches of 256, and the heap grew and was given back to the system (glibc trims it beyond
+twice its largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an
+epoch against 1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs
+alone against 1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
 ``MAX_SLICE`` items), plus each input's current block and read buffer. An input not given its
 own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
 mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
