@@ -23,22 +23,24 @@ directory.
 The digest describes the pipeline, not the bytes of its sources. So the file also records the
 identity (``os.stat``: size, ``st_mtime_ns``, ``st_ino``, ``st_dev``) of every *local regular
 file* the reader reads before the cache (a plain path or ``file://`` URL naming a regular file;
-the inputs of a :func:`~streamio.mix` too), taken when the fill began; before a complete file
-is served, each is stat'ed again (never opened: a FIFO is not a regular file, so a Pipe-mode
-channel's later FIFOs are still never asked for). A file missing or with another identity
-makes the cache *stale*: it is not served, a :class:`~streamio.StreamioWarning` names the file,
-and the epoch fills the cache anew from the sources (the new file renamed over the stale one).
-A file whose identity changed *during* the fill is the same warning, and the fill's file is not
+the inputs of a :func:`~streamio.mix` too), taken when the fill began; before a complete file is
+served, each is stat'ed again (never opened: a FIFO is not a regular file, so a Pipe-mode
+channel's later FIFOs are still never asked for). A file missing or with another identity makes
+the cache *stale*: it is not served, a :class:`~streamio.errors.StreamioWarning` names the file,
+and the epoch fills the cache anew from the sources (the new file renamed over the stale one). A
+file whose identity changed *during* the fill is the same warning, and the fill's file is not
 put in place: the epoch's items (handed out already, as a pipeline without a cache would hand
-them out) came from a file that changed under them, so they may be neither the old contents
-nor the new; the next epoch reads the sources again. A warning, not an error: the epoch itself
-went as it would have without the cache, and failing the job at its end would punish the
-cache for what the source did. Sources that cannot be checked without a request (HTTP, S3,
-FIFOs, Pipe-mode channels, stdin, bytes, file objects) are not checked: delete the directory
-when their data changes. The file is input another local user could have written: it is opened without
-following a symlink, must be a regular file of ours not writable by others, is never unpickled
-(its own framing, below), every length is checked before anything is allocated, and every
-block carries a SHA-256 checked before its items are handed out (a mismatch is a
+them out) came from a file that changed under them, so they may be neither the old contents nor
+the new; the next epoch reads the sources again. A warning, not an error: the epoch itself went
+as it would have without the cache, and failing the job at its end would punish the cache for
+what the source did. Sources that cannot be checked without a request (HTTP, S3, FIFOs,
+Pipe-mode channels, stdin, bytes, file objects) are not checked: delete the directory when their
+data changes.
+
+The file is input another local user could have written: it is opened without following a
+symlink, must be a regular file of ours not writable by others, is never unpickled (its own
+framing, below), every length is checked before anything is allocated, and every block carries a
+SHA-256 checked before its items are handed out (a mismatch is a
 :class:`~streamio.CorruptRecordError` naming the file). The directory is created 0700.
 
 File layout (all integers little-endian)::

@@ -512,7 +512,7 @@ def test_stateful_dataloader_resumes_a_cached_epoch_from_the_files(server, tmp_p
     assert _gets(server) == gets
 
 
-# -- a local file rewritten under the same name ------------------------------------------------------
+# -- a local file rewritten under the same name ---------------------------------------------------
 def _write_ids(path, ids, mtime_ns=None) -> None:
     """Rewrite ``path`` in place (same inode) with one record per id; its mtime set explicitly
     (a rewrite within one clock tick of the filesystem would keep the old one)."""
