@@ -18,16 +18,36 @@ beyond it the epoch fails with a :class:`~streamio.UsageError` naming the limit.
 reader's place, and the file records the digest of the pipeline before the cache (sources,
 format, reader options, decoder, the stages before the cache with their seeds, shards and the
 place; not the epoch). A file with another digest is refused with a UsageError naming the
-directory. The file is input another local user could have written: it is opened without
-following a symlink, must be a regular file of ours not writable by others, is never unpickled
-(its own framing, below), every length is checked before anything is allocated, and every
-block carries a SHA-256 checked before its items are handed out (a mismatch is a
+directory.
+
+The digest describes the pipeline, not the bytes of its sources. So the file also records the
+identity (``os.stat``: size, ``st_mtime_ns``, ``st_ino``, ``st_dev``) of every *local regular
+file* the reader reads before the cache (a plain path or ``file://`` URL naming a regular file;
+the inputs of a :func:`~streamio.mix` too), taken when the fill began; before a complete file is
+served, each is stat'ed again (never opened: a FIFO is not a regular file, so a Pipe-mode
+channel's later FIFOs are still never asked for). A file missing or with another identity makes
+the cache *stale*: it is not served, a :class:`~streamio.errors.StreamioWarning` names the file,
+and the epoch fills the cache anew from the sources (the new file renamed over the stale one). A
+file whose identity changed *during* the fill is the same warning, and the fill's file is not
+put in place: the epoch's items (handed out already, as a pipeline without a cache would hand
+them out) came from a file that changed under them, so they may be neither the old contents nor
+the new; the next epoch reads the sources again. A warning, not an error: the epoch itself went
+as it would have without the cache, and failing the job at its end would punish the cache for
+what the source did. Sources that cannot be checked without a request (HTTP, S3, FIFOs,
+Pipe-mode channels, stdin, bytes, file objects) are not checked: delete the directory when their
+data changes.
+
+The file is input another local user could have written: it is opened without following a
+symlink, must be a regular file of ours not writable by others, is never unpickled (its own
+framing, below), every length is checked before anything is allocated, and every block carries a
+SHA-256 checked before its items are handed out (a mismatch is a
 :class:`~streamio.CorruptRecordError` naming the file). The directory is created 0700.
 
 File layout (all integers little-endian)::
 
     block*   "SIOB" | u8 kind | u64 payload length | 32-byte SHA-256 of payload | payload
-    manifest JSON (the digest, blocks, items, source names, a CSV header)
+    manifest JSON (the digest, blocks, items, source names, a CSV header, the local files:
+             [path, size, mtime_ns, inode, device] each)
     trailer  "SIOCACHE" | u32 version | u64 manifest length | u64 blocks' length |
              32-byte SHA-256 of the manifest
 
@@ -53,12 +73,13 @@ import stat
 import struct
 import tempfile
 import threading
+import warnings
 from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from ..decoders.sparse import SparseBatch
-from ..errors import CorruptRecordError, SourceError, UsageError
+from ..errors import CorruptRecordError, SourceError, StreamioWarning, UsageError
 from .shuffle import estimate_nbytes
 from .stages import close_blocks
 
@@ -70,7 +91,8 @@ __all__ = ["DEFAULT_MAX_BYTES", "FILL_EPOCH", "MemoryCache", "cache_digest", "ca
 DEFAULT_MAX_BYTES = 1 << 30
 #: The epoch the stages before a cache run as, whichever epoch fills it.
 FILL_EPOCH = 0
-VERSION = 1
+#: 2: the manifest records the local files' identities (``files``).
+VERSION = 2
 
 _BLOCK = struct.Struct("<4sBQ32s")
 _BLOCK_MAGIC = b"SIOB"
@@ -112,6 +134,47 @@ def cache_digest(ds: Any, position: int) -> tuple[str, str]:
     digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=repr).encode())
     place_key = hashlib.sha256(json.dumps(place, sort_keys=True).encode()).hexdigest()[:20]
     return digest.hexdigest(), place_key
+
+
+# -- the local files' identities -----------------------------------------------------------------
+def local_files(ds: Any, stages: tuple) -> list:
+    """The local paths ``ds`` reads through ``stages``: its sources that name a path (a plain
+    path or a ``file://`` URL), and those of a mix's inputs, in order, each once."""
+    from ..sources.schemes import local_path
+
+    paths = [local_path(ds._all_sources[i]) for i in ds._selection]
+    for stage in stages:
+        for inp in getattr(stage, "inputs", ()):  # a Mix stage's Datasets
+            paths.extend(local_files(inp, inp._stages))
+    return list(dict.fromkeys(p for p in paths if p is not None))
+
+
+def _identity(path: str) -> Optional[list]:
+    """``[size, mtime_ns, inode, device]`` of ``path`` if it names a regular file now (stat
+    only: a FIFO is never opened), else None."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):  # missing, unreadable directory, a NUL in the name
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+
+def file_identities(paths: list) -> list:
+    """``[path, size, mtime_ns, inode, device]`` of each path naming a regular file (the others,
+    FIFOs and missing files, are not recorded: the fill's read reports a missing one)."""
+    found = ((path, _identity(path)) for path in paths)
+    return [[path, *identity] for path, identity in found if identity is not None]
+
+
+def changed_file(files: list) -> Optional[str]:
+    """The first of ``files`` (:func:`file_identities`) that is missing or not the file it was;
+    None if every one is as recorded."""
+    for path, *identity in files:
+        if _identity(path) != identity:
+            return path
+    return None
 
 
 # -- encoding a block --------------------------------------------------------------------------
@@ -352,7 +415,8 @@ def parse_trailer(tail: bytes, size: int, where: str) -> tuple[int, int, bytes]:
         raise CorruptRecordError("not a streamio cache file (no trailer)", source=where,
                                  offset=size - _TRAILER.size)
     if version != VERSION:
-        raise CorruptRecordError(f"cache file version {version}, this streamio reads {VERSION}",
+        raise CorruptRecordError(f"cache file version {version}, this streamio reads {VERSION}"
+                                 " (delete it and the next epoch fills it again)",
                                  source=where, offset=size - _TRAILER.size)
     if manifest_len > MAX_MANIFEST or body_len + manifest_len + _TRAILER.size != size:
         raise CorruptRecordError(f"cache trailer lengths ({manifest_len}, {body_len}) do not"
@@ -362,7 +426,20 @@ def parse_trailer(tail: bytes, size: int, where: str) -> tuple[int, int, bytes]:
 
 
 _MANIFEST_KEYS = {"streamio_cache", "digest", "blocks", "items", "names", "header",
-                  "header_source"}
+                  "header_source", "files"}
+# A file identity's numbers (os.stat's): size, mtime_ns (before 1970 is negative), inode, device.
+_IDENTITY_RANGES = ((0, 2 ** 63), (-2 ** 63, 2 ** 63), (0, 2 ** 64), (0, 2 ** 64))
+
+
+def _identity_ok(entry: Any) -> bool:
+    """``[path, size, mtime_ns, inode, device]``: a non-empty path without NUL, numbers in
+    ``os.stat``'s ranges (``type() is int``: no bool, no float)."""
+    if type(entry) is not list or len(entry) != 1 + len(_IDENTITY_RANGES):
+        return False
+    path, *numbers = entry
+    return (type(path) is str and path != "" and "\0" not in path
+            and all(type(x) is int and low <= x < high
+                    for x, (low, high) in zip(numbers, _IDENTITY_RANGES)))
 
 
 def parse_manifest(data: bytes, sha: bytes, where: str, offset: int) -> dict:
@@ -391,6 +468,9 @@ def parse_manifest(data: bytes, sha: bytes, where: str, offset: int) -> dict:
     if not (header is None or isinstance(header, str)) or not (
             source is None or isinstance(source, str)):
         raise bad("header")
+    files = manifest["files"]
+    if not (type(files) is list and all(_identity_ok(f) for f in files)):
+        raise bad(f"local files {files!r:.80}")
     return manifest
 
 
@@ -526,8 +606,10 @@ class _FileSink:
     """Writes one cache file: a temp name made in the directory by ``mkstemp`` (O_EXCL, 0600),
     renamed over the final name once the epoch is complete; removed otherwise."""
 
-    def __init__(self, directory: str, path: str, digest: str, limit: Optional[int]) -> None:
+    def __init__(self, directory: str, path: str, digest: str, limit: Optional[int],
+                 files: list) -> None:
         self.directory, self.path, self.digest, self.limit = directory, path, digest, limit
+        self.files = files  # the local files' identities when the fill began
         self.tmp: Optional[str] = None
         self.file: Any = None
         self.written = 0
@@ -576,12 +658,21 @@ class _FileSink:
         self.items += len(items)
 
     def commit(self, complete: _Complete) -> None:
+        changed = changed_file(self.files)
+        if changed is not None:  # not put in place (the module docstring says why); the
+            # caller's abandon() removes the temp file
+            warnings.warn(f"source {changed} changed while the cache {self.path} was filling:"
+                          " not kept (this epoch's items came from a file that changed under"
+                          " them); the next epoch reads the sources again", StreamioWarning,
+                          stacklevel=2)
+            return
         if self.file is None:
             self._open()  # an empty epoch is a complete, empty cache
         manifest = json.dumps({
             "streamio_cache": VERSION, "digest": self.digest, "blocks": self.blocks,
             "items": self.items, "names": {str(k): v for k, v in complete.names.items()},
             "header": _encode_header(complete.header), "header_source": complete.header_source,
+            "files": self.files,
         }, sort_keys=True).encode()
         body = self.written
         trailer = _TRAILER.pack(_MAGIC, VERSION, len(manifest), body,
@@ -709,10 +800,12 @@ def cached_blocks(stage: Any, run: Any, position: int) -> Iterator[tuple]:
             stage.memory, digest, stage.max_bytes or DEFAULT_MAX_BYTES)
     else:
         path = os.path.join(stage.directory, f"{_FILE_PREFIX}{place}.bin")
-        found = open_cache_file(path, digest, stage.directory)
+        found = _fresh(open_cache_file(path, digest, stage.directory))
         complete = None if found is None else found.complete()
-        sink = None if found is not None else _FileSink(stage.directory, path, digest,
-                                                        stage.max_bytes)
+        # Stat'ed before the upstream is built (it may open the files at once: a prefetch).
+        sink = None if found is not None else _FileSink(
+            stage.directory, path, digest, stage.max_bytes,
+            file_identities(local_files(run.ds, run.ds._stages[:position])))
     if complete is not None:
         try:
             yield from _serve(complete, run, batched)
@@ -731,6 +824,21 @@ def cached_blocks(stage: Any, run: Any, position: int) -> Iterator[tuple]:
     finally:
         sink.abandon()  # nothing, once committed
         close_blocks(blocks)
+
+
+def _fresh(found: Optional[_CacheFile]) -> Optional[_CacheFile]:
+    """``found`` if every local file it records is as it was when it was filled; else None
+    (closed), with a warning naming the file: the epoch then fills the cache anew."""
+    if found is None:
+        return None
+    changed = changed_file(found.manifest["files"])
+    if changed is None:
+        return found
+    found.close()
+    warnings.warn(f"cache file {found.path} is stale: source {changed} changed (or is gone) since"
+                  " the cache was filled; not served, this epoch fills it again from the"
+                  " sources", StreamioWarning, stacklevel=3)
+    return None
 
 
 def _serve(complete: _Complete, run: Any, batched: bool) -> Iterator[tuple]:

@@ -472,6 +472,17 @@ def cache_file_seeds(rng: random.Random) -> List[bytes]:
                 seeds.append(T.encode_cache_file(name.read_bytes()))
         import streamio.pipeline.cache as C
 
+        # A cache of a local file: its manifest records the file's identity; the manifest alone
+        # too (the target also feeds its input to the manifest parser).
+        source = Path(tmp) / "local.tfrecord"
+        source.write_bytes(data)
+        list(streamio.Dataset(str(source), "tfrecord").cache(f"{tmp}/local"))
+        for name in sorted(Path(f"{tmp}/local").iterdir()):
+            raw = name.read_bytes()
+            seeds.append(T.encode_cache_file(raw))
+            _, _, manifest_len, body_len, _ = C._TRAILER.unpack(raw[-C._TRAILER.size:])
+            seeds.append(raw[body_len:body_len + manifest_len])
+
         sparse = streamio.SparseBatch(np.array([0, 2]), np.array([0, 3]),
                                       np.array([1, 2], np.int8), (1, 5))
         kind, chunks = C.encode_block([{"s": sparse, "t": np.array(["a", "\u00e9"], object)}],

@@ -851,17 +851,38 @@ def _cache_item_ok(item: Any) -> bool:
     return False
 
 
+def _check_cache_manifest(manifest: dict) -> None:
+    """A manifest the parser accepted: its local files are ``[path, size, mtime_ns, inode,
+    device]`` with a str path and ints in os.stat's ranges (what the staleness check compares)."""
+    for entry in manifest["files"]:
+        path, *numbers = entry
+        if not (type(path) is str and path and "\0" not in path and len(numbers) == 4
+                and all(type(x) is int for x in numbers) and 0 <= numbers[0] < 2 ** 63
+                and -2 ** 63 <= numbers[1] < 2 ** 63 and 0 <= min(numbers[2:])
+                and max(numbers[2:]) < 2 ** 64):
+            raise Mismatch(f"the manifest parser accepted a file identity {entry!r:.120}")
+
+
 def run_cache_file(ck: ModuleType, data: bytes) -> None:
     """No kernel: the cache-file parser (streamio.pipeline.cache.parse_cache) gives the manifest
     and blocks of records, batches of records or decoded batches (numbers, bytes, str, sparse;
     never another object), or a CorruptRecordError naming the file; nothing else. What it gives,
-    encoded again, reads back the same."""
+    encoded again, reads back the same. The manifest parser is also fed the input itself with
+    its SHA-256 (mutations rarely pass the trailer's), so its fields (the local files'
+    identities among them) meet hostile JSON."""
+    import hashlib
+
     from streamio.errors import CorruptRecordError
     from streamio.pipeline import cache as C
 
     blocks = []
     try:
         manifest, blocks = C.parse_cache(data, "fuzz.bin")
+        _check_cache_manifest(manifest)
+    except CorruptRecordError as exc:
+        expect_equal("error names the file", exc.source, "fuzz.bin")
+    try:
+        _check_cache_manifest(C.parse_manifest(data, hashlib.sha256(data).digest(), "fuzz.bin", 0))
     except CorruptRecordError as exc:
         expect_equal("error names the file", exc.source, "fuzz.bin")
     if data:

@@ -8,6 +8,7 @@ namespace), DataLoader worker processes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import pytest
 import streamio
 from streamio import Dataset
 from streamio.decoders import Csv, Example, FixedLen, encode_example
-from streamio.errors import CorruptRecordError, SourceError, UsageError
+from streamio.errors import CorruptRecordError, SourceError, StreamioWarning, UsageError
 from streamio.pipeline import cache as C
 from streamio.pipeline.resume import plan_fast_forward
 
@@ -509,3 +510,182 @@ def test_stateful_dataloader_resumes_a_cached_epoch_from_the_files(server, tmp_p
     resumed.load_state_dict(state)
     assert before + [b["x"].tolist() for b in resumed] == epochs[2]
     assert _gets(server) == gets
+
+
+# -- a local file rewritten under the same name ---------------------------------------------------
+def _write_ids(path, ids, mtime_ns=None) -> None:
+    """Rewrite ``path`` in place (same inode) with one record per id; its mtime set explicitly
+    (a rewrite within one clock tick of the filesystem would keep the old one)."""
+    before = os.stat(path).st_mtime_ns if os.path.exists(path) else None
+    data = b"".join(streamio.formats.encode_tfrecord(encode_example({"x": [i]})) for i in ids)
+    with open(path, "r+b" if before is not None else "wb") as f:
+        f.write(data)
+        f.truncate()
+    if mtime_ns is None and before is not None:
+        mtime_ns = before + 10 ** 9
+    if mtime_ns is not None:
+        os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def _job(directory, *sources) -> dict:
+    """A restarted job: a new process and a new Dataset over the same directory."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(SCRIPTS.parent.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(
+            os.pathsep) if p])}
+    out = subprocess.run([sys.executable, str(SCRIPTS / "cache_job.py"), str(directory),
+                          *map(str, sources)], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+OLD, NEW = range(200, 500), range(600, 900)  # ids of equal encoded size: only mtime tells
+
+
+def test_a_source_rewritten_in_place_is_noticed_by_a_restarted_job(tmp_path):
+    source = tmp_path / "train.tfrecord"
+    _write_ids(source, OLD)
+    directory = tmp_path / "cache"
+    first = _job(directory, source)
+    assert first["ids"] == list(OLD) and first["opened"] and first["warnings"] == []
+    (name,) = os.listdir(directory)
+    inode, size = os.stat(source).st_ino, os.stat(source).st_size
+    _write_ids(source, NEW)  # a nightly export over the same path
+    assert (os.stat(source).st_ino, os.stat(source).st_size) == (inode, size)
+
+    second = _job(directory, source)
+    assert second["ids"] == list(NEW)  # not the cached OLD records
+    (warning,) = second["warnings"]
+    assert warning.startswith("StreamioWarning: ") and "stale" in warning
+    assert str(source) in warning and str(directory / name) in warning
+    assert os.listdir(directory) == [name]  # refilled in place: one file, no temp left
+
+    third = _job(directory, source)  # from the refilled cache: the source is not opened
+    assert third == {"ids": list(NEW), "warnings": [], "opened": [], "bytes": 0}
+
+
+def test_a_removed_source_is_not_served_from_the_cache(tmp_path):
+    source = tmp_path / "train.tfrecord"
+    _write_ids(source, OLD)
+    directory = str(tmp_path / "cache")
+    ds = Dataset(str(source), "tfrecord", decoder=Example({"x": FixedLen((), np.int64)}))
+    ds = ds.batch(16).cache(directory)
+    assert sorted(i for b in ds for i in _ids(b)) == list(OLD)
+    os.unlink(source)
+    for _ in range(2):  # the stale file stays refused, epoch after epoch
+        with pytest.warns(StreamioWarning, match=f"stale: source {source} changed"), \
+                pytest.raises(SourceError) as info:
+            list(ds)
+        assert str(source) in str(info.value)
+
+
+def test_a_mix_notices_a_change_in_one_input(tmp_path):
+    a, b = tmp_path / "a.tfrecord", tmp_path / "b.tfrecord"
+    _write_ids(a, range(0, 100))
+    _write_ids(b, range(200, 300))
+    directory = tmp_path / "cache"
+    assert _job(directory, a, b)["ids"] == list(range(100)) + list(range(200, 300))
+    assert _job(directory, a, b)["opened"] == []  # cached
+    _write_ids(b, range(600, 700))
+    again = _job(directory, a, b)
+    assert again["ids"] == list(range(100)) + list(range(600, 700))
+    (warning,) = again["warnings"]
+    assert f"source {b} changed" in warning
+    assert _job(directory, a, b)["opened"] == []
+
+
+def test_a_source_that_changes_during_the_fill_is_not_kept(tmp_path):
+    """The records handed out came from a file that changed under them: no cache is put in
+    place (a warning names the file), and the next epoch reads the new file and fills."""
+    source = tmp_path / "train.tfrecord"
+    _write_ids(source, OLD)
+    directory = tmp_path / "cache"
+    decoder = Example({"x": FixedLen((), np.int64)})
+    seen = []
+
+    def export_lands(record):  # the nightly export rewrites the file while epoch 0 reads it
+        seen.append(1)
+        if len(seen) == 50:
+            _write_ids(source, NEW)
+        return record
+
+    changing = Dataset(str(source), "tfrecord", decoder=decoder).map(export_lands).batch(16)
+    with pytest.warns(StreamioWarning,
+                      match=f"source {source} changed while the cache .* was filling"):
+        got = sorted(i for b in changing.cache(str(directory)) for i in _ids(b))
+    assert got == list(OLD)  # read before the change reached the reader (one block)
+    assert _nothing_in(directory)  # nothing kept: no cache, no temp file
+    assert _job(directory, source)["ids"] == list(NEW)
+    assert _job(directory, source)["opened"] == []
+
+
+def test_a_fifo_path_is_not_recorded_and_later_epochs_need_no_writer(tmp_path, fifo):
+    """A FIFO is stat'ed (not a regular file: not recorded), never opened to check it: once the
+    cache is complete, later epochs train with no writer on the FIFO."""
+    ref = tmp_path / "ref.tfrecord"
+    _write_ids(ref, OLD)
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    fifo.start(str(path), str(ref))
+    ds = Dataset(str(path), "tfrecord", decoder=Example({"x": FixedLen((), np.int64)}),
+                 open_timeout=5).batch(16).cache(str(tmp_path / "cache"))
+    for _ in range(3):
+        assert sorted(i for b in ds for i in _ids(b)) == list(OLD)
+    assert ds.stats()["sources_opened"] == 0
+
+
+def _rewrite_manifest(path, change) -> None:
+    """Rewrite the cache file's manifest (``change(manifest)``) with a matching SHA-256 and
+    trailer: what another writer could leave, past the checksums."""
+    raw = path.read_bytes()
+    _, version, manifest_len, body_len, _ = C._TRAILER.unpack(raw[-C._TRAILER.size:])
+    manifest = json.loads(raw[body_len:body_len + manifest_len])
+    change(manifest)
+    data = json.dumps(manifest).encode()
+    trailer = C._TRAILER.pack(C._MAGIC, version, len(data), body_len,
+                              hashlib.sha256(data).digest())
+    path.write_bytes(raw[:body_len] + data + trailer)
+
+
+@pytest.mark.parametrize("files", [
+    None, {}, [["x", 1, 2, 3]], [["", 0, 0, 0, 0]], [["a\0b", 0, 0, 0, 0]], [[7, 0, 0, 0, 0]],
+    [["p", -1, 0, 0, 0]], [["p", 1.5, 0, 0, 0]], [["p", True, 0, 0, 0]],
+    [["p", 0, 2 ** 63, 0, 0]], [["p", 0, 0, 2 ** 64, 0]], [["p", 0, 0, 0, "1"]], ["p"]])
+def test_a_malformed_file_identity_is_a_corrupt_record_error(tmp_path, files):
+    source = tmp_path / "train.tfrecord"
+    _write_ids(source, OLD)
+    ds = Dataset(str(source), "tfrecord").cache(str(tmp_path / "cache"))
+    assert len(list(ds)) == len(OLD)
+    (path,) = (tmp_path / "cache").iterdir()
+    _rewrite_manifest(path, lambda m: m.update(files=files))
+    with pytest.raises(CorruptRecordError, match="cache manifest: local files") as info:
+        list(ds)
+    assert str(path) in str(info.value)
+
+
+def test_the_manifest_records_local_files_and_a_faithful_rewrite_is_served(tmp_path):
+    source = tmp_path / "train.tfrecord"
+    _write_ids(source, OLD)
+    ds = Dataset(str(source), "tfrecord").cache(str(tmp_path / "cache"))
+    list(ds)
+    (path,) = (tmp_path / "cache").iterdir()
+    st = os.stat(source)
+    seen = {}
+    _rewrite_manifest(path, lambda m: seen.update(m))
+    assert seen["files"] == [[str(source), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]]
+    assert len(list(ds)) == len(OLD) and ds.stats()["sources_opened"] == 0
+
+
+def test_a_cache_file_of_the_previous_version_is_refused(tmp_path):
+    """Version 1 recorded no file identities: refused like any other version (the trailer's
+    rule), with the way out in the message."""
+    source = tmp_path / "train.tfrecord"
+    _write_ids(source, OLD)
+    ds = Dataset(str(source), "tfrecord").cache(str(tmp_path / "cache"))
+    list(ds)
+    (path,) = (tmp_path / "cache").iterdir()
+    raw = bytearray(path.read_bytes())
+    raw[-C._TRAILER.size + 8:-C._TRAILER.size + 12] = (1).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptRecordError, match="version 1, this streamio reads 2.*delete it"):
+        list(ds)

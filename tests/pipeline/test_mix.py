@@ -202,7 +202,14 @@ def test_an_input_cached_when_read_alone_is_served_from_its_cache_in_a_mix(tmp_p
     (tmp_path / "cache").mkdir()
     cached = streamio.Dataset(a, "lines").cache(str(tmp_path / "cache"))
     assert len(list(cached)) == 30000  # fills the cache file
-    os.remove(a)  # read from the cache, or a SourceError
+    # Bytes only a read of the file would see: the same length, its stat restored (a removed or
+    # visibly changed file would make the cache stale, and the source be read again).
+    st = os.stat(a)
+    with open(a, "r+b") as f:
+        data = f.read()
+        f.seek(0)
+        f.write(data.replace(b"a", b"z"))
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
     items = list(streamio.mix([cached, streamio.Dataset(b, "lines")], [0.75, 0.25], seed=0,
                               stop="all_exhausted"))
     assert _from(items, b"a") == [f"a{i}".encode() for i in range(30000)]
