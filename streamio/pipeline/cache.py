@@ -35,7 +35,9 @@ the new; the next epoch reads the sources again. A warning, not an error: the ep
 as it would have without the cache, and failing the job at its end would punish the cache for
 what the source did. Sources that cannot be checked without a request (HTTP, S3, FIFOs,
 Pipe-mode channels, stdin, bytes, file objects) are not checked: delete the directory when their
-data changes.
+data changes. A file of an earlier streamio's format (version 1 recorded no identities) is
+stale too (warned, filled again: an upgrade does not stop a restarted job); a version no
+streamio wrote is refused.
 
 The file is input another local user could have written: it is opened without following a
 symlink, must be a regular file of ours not writable by others, is never unpickled (its own
@@ -406,6 +408,16 @@ def decode_block(kind: int, payload: Any, where: str = "<cache>", offset: int = 
     return items, ids
 
 
+def _older_version(tail: bytes) -> Optional[int]:
+    """The format version of a cache file an earlier streamio wrote (trailer magic, version
+    below ours), else None. Such a file is our own, outdated: filled anew, not refused (an
+    upgrade must not stop a restarted job); any other version is refused by parse_trailer."""
+    if len(tail) != _TRAILER.size:
+        return None
+    magic, version = _TRAILER.unpack(tail)[:2]
+    return version if magic == _MAGIC and 1 <= version < VERSION else None
+
+
 def parse_trailer(tail: bytes, size: int, where: str) -> tuple[int, int, bytes]:
     """``(manifest length, blocks' length, manifest SHA-256)`` from the file's last bytes."""
     if size < _TRAILER.size or len(tail) != _TRAILER.size:
@@ -772,6 +784,12 @@ def open_cache_file(path: str, digest: str, directory: str) -> Optional[_CacheFi
                              " refused (remove it, and keep the cache directory private)")
         size = st.st_size
         tail = os.pread(fd, _TRAILER.size, max(0, size - _TRAILER.size))
+        older = _older_version(tail)
+        if older is not None:
+            warnings.warn(f"cache file {path} was written by an earlier streamio (cache format"
+                          f" {older}, this one writes {VERSION}); not served, this epoch fills"
+                          " it again from the sources", StreamioWarning, stacklevel=4)
+            return None
         manifest_len, body_len, sha = parse_trailer(tail, size, path)
         manifest = parse_manifest(os.pread(fd, manifest_len, body_len), sha, path, body_len)
         if manifest["digest"] != digest:

@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -676,16 +677,30 @@ def test_the_manifest_records_local_files_and_a_faithful_rewrite_is_served(tmp_p
     assert len(list(ds)) == len(OLD) and ds.stats()["sources_opened"] == 0
 
 
-def test_a_cache_file_of_the_previous_version_is_refused(tmp_path):
-    """Version 1 recorded no file identities: refused like any other version (the trailer's
-    rule), with the way out in the message."""
+def test_a_cache_file_of_the_previous_version_is_filled_again_and_an_unknown_one_refused(
+        tmp_path):
+    """Version 1 recorded no file identities: an earlier streamio's own file, so an upgrade
+    fills it again (with a warning naming it) rather than stopping a restarted job; a version
+    no streamio wrote is refused (the trailer's rule)."""
     source = tmp_path / "train.tfrecord"
     _write_ids(source, OLD)
     ds = Dataset(str(source), "tfrecord").cache(str(tmp_path / "cache"))
     list(ds)
     (path,) = (tmp_path / "cache").iterdir()
-    raw = bytearray(path.read_bytes())
-    raw[-C._TRAILER.size + 8:-C._TRAILER.size + 12] = (1).to_bytes(4, "little")
-    path.write_bytes(bytes(raw))
-    with pytest.raises(CorruptRecordError, match="version 1, this streamio reads 2.*delete it"):
+
+    def set_version(version):
+        raw = bytearray(path.read_bytes())
+        raw[-C._TRAILER.size + 8:-C._TRAILER.size + 12] = version.to_bytes(4, "little")
+        path.write_bytes(bytes(raw))
+
+    records = [bytes(r) for r in Dataset(str(source), "tfrecord")]
+    set_version(1)
+    with pytest.warns(StreamioWarning, match=f"{path}.*earlier streamio.*format 1"):
+        assert [bytes(r) for r in ds] == records
+    assert C._TRAILER.unpack(path.read_bytes()[-C._TRAILER.size:])[1] == C.VERSION
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [bytes(r) for r in ds] == records  # the new file is served, no warning
+    set_version(C.VERSION + 1)
+    with pytest.raises(CorruptRecordError, match=f"version {C.VERSION + 1}, this streamio reads"):
         list(ds)
