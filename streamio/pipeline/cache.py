@@ -557,6 +557,13 @@ class MemoryCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._complete: dict = {}
+        self._told_early_stop = False
+
+    def first_early_stop(self) -> bool:
+        """True the first time a filling epoch of this stage stops early, False after."""
+        with self._lock:
+            first, self._told_early_stop = not self._told_early_stop, True
+            return first
 
     def get(self, digest: str) -> Optional[_Complete]:
         with self._lock:
@@ -839,6 +846,17 @@ def cached_blocks(stage: Any, run: Any, position: int) -> Iterator[tuple]:
             sink.add(items, ids, batched)
             yield items, (ids if run.track_ids else None)
         sink.commit(_Complete(None, dict(view.names), view.header, view.header_source))
+    except GeneratorExit:
+        # The consumer stopped before the stages before the cache ended (a take() after it,
+        # a loop that breaks early): nothing is kept, and every such epoch reads the sources
+        # again. Said once per cache, as tf.data does, since it defeats the cache silently.
+        if stage.memory.first_early_stop():
+            warnings.warn(f"{stage.call()} was not filled: the epoch stopped before the"
+                          " stages before the cache ended (a take() after the cache, or a loop"
+                          " that breaks early); a cache keeps only a complete epoch, so each"
+                          " epoch that stops early reads the sources again", StreamioWarning,
+                          stacklevel=2)
+        raise
     finally:
         sink.abandon()  # nothing, once committed
         close_blocks(blocks)

@@ -152,6 +152,28 @@ def test_interrupted_filling_epoch_leaves_nothing_and_the_next_epoch_fills(serve
     assert _gets(server) == gets + N_FILES
 
 
+def test_a_cache_that_epochs_stop_before_filling_says_so_once(tmp_path):
+    """``.cache().take(n)`` (or a loop that breaks early) never completes the cache, so every
+    epoch reads the sources again: silently, that defeats the cache. The first early stop says
+    so with a StreamioWarning naming the cache; later ones do not repeat it; a complete epoch
+    says nothing."""
+    source = tmp_path / "train.tfrecord"
+    streamio.write_records(str(source), "tfrecord", _records(0))
+    taken = Dataset(str(source), "tfrecord").cache(str(tmp_path / "c1")).take(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [len(list(taken)) for _ in range(3)] == [5, 5, 5]
+    said = [str(w.message) for w in caught if issubclass(w.category, StreamioWarning)]
+    assert len(said) == 1, said
+    assert said[0].startswith(f".cache({str(tmp_path / 'c1')!r}) was not filled")
+    assert "take()" in said[0] and "reads the sources again" in said[0]
+    assert os.listdir(tmp_path / "c1") == []
+    whole = Dataset(str(source), "tfrecord").cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(list(whole)) == len(list(whole)) == len(_records(0))
+
+
 def test_an_epoch_that_fails_while_filling_leaves_nothing(tmp_path):
     data = b"".join(streamio.formats.encode_tfrecord(r) for r in _records(0))
     directory = tmp_path / "cache"
