@@ -83,7 +83,9 @@ class StreamioError(Exception):
 
 
 class StreamioWarning(UserWarning):
-    """Issued for records skipped with ``on_error="warn"``."""
+    """What streamio tells without stopping: records skipped with ``on_error="warn"``, a
+    source dealt round-robin to shards, a cache that is stale or that epochs stop before
+    filling."""
 
 
 class FormatError(StreamioError):
