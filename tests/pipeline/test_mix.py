@@ -504,6 +504,29 @@ def test_a_corrupt_record_in_an_input_raises_its_error_after_the_items_before_it
     assert [r for r in got if r in set(records)] == records[:1234]
 
 
+def test_with_a_decoder_a_corrupt_record_still_comes_after_every_item_before_it(tmp_path,
+                                                                               examples):
+    """With the mix's decoder the output blocks are filled across the inputs' blocks: the
+    block being filled when an input fails is delivered before the error."""
+    _, b = examples
+    path = write_id_examples(tmp_path / "bad.tfrecord", range(2000))
+    data = bytearray(open(path, "rb").read())
+    offset = sum(16 + len(id_example(i)) for i in range(1234))  # record 1234's frame
+    data[offset + 12 + 5] ^= 0xFF  # a byte of its payload: its data CRC fails
+    open(path, "wb").write(bytes(data))
+    mixed = streamio.mix([streamio.Dataset(path, "tfrecord", decoder=ID_X),
+                          streamio.Dataset(b, "tfrecord", decoder=ID_X)],
+                         seed=0, stop="all_exhausted")
+    assert mixed.decoder is ID_X  # blocks of one length (unbatched: records come out)
+    got = []
+    with pytest.raises(CorruptRecordError) as info:
+        for record in mixed:
+            got.append(bytes(record))
+    assert info.value.source == path and info.value.record_index == 1234
+    mine = {id_example(i) for i in range(2000)}
+    assert [r for r in got if r in mine] == [id_example(i) for i in range(1234)]
+
+
 def test_a_decode_error_after_the_mix_names_the_input_record(tmp_path, examples):
     a, _ = examples
     records = [id_example(i) for i in range(500)]
