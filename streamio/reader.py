@@ -264,14 +264,18 @@ class RecordReader:
                 stats.skipped_bytes = framer.skipped_bytes
                 if records:
                     stats.records += len(records)
-                    yield records
+                    # Handed over: this frame keeps no reference to a list it yielded, so a
+                    # consumer holding the only one may move its items out (streamio.mix).
+                    records = [records]
+                    yield records.pop()
                 if end is not None and framer.done:
                     break
             framing = True
             records = framer.finish()
             if records:
                 stats.records += len(records)
-                yield records
+                records = [records]  # handed over, as above
+                yield records.pop()
         except FormatError as exc:
             hinted = _with_hint(exc, framer, bytes(head), self.format, codec) if framing else exc
             if hinted is exc:

@@ -11,6 +11,14 @@
  * items, at the end of the draws, or at the first draw whose part holds no item left (`short`:
  * the caller pulls that part's next block, or ends it). Same results, same errors as
  * streamio.pipeline.mix.mix_take_reference.
+ *
+ * Moving, not copying: a part that nothing but the `parts` list refers to (its reference count
+ * is 1: the mix's input blocks, handed over by the generators that made them) gives its items
+ * up. Their references move to the output and None takes their slots, so an item is not
+ * touched at all here: counting it up, and down again when the part is freed, cost two reads of
+ * memory the item left long ago (a block's items were made a whole read earlier), most of what
+ * mixing cost per record. A part someone else holds (a cache's block, a caller's list) is only
+ * read, each item counted up, as before.
  * ------------------------------------------------------------------------------------------- */
 
 #define MAX_PARTS 256
@@ -20,18 +28,23 @@
 /* An item's count is written when it is placed, often long after the item was made: the
  * count of the part's item this many ahead is asked for first (GCC and Clang). */
 #define PREFETCH_AHEAD 8
+/* A new output list is made with room for `limit` items (the caller's block) up to this many;
+ * beyond it, room for the items of this pass only. */
+#define MAX_ROOM ((Py_ssize_t)1 << 20)
 
 PyDoc_STRVAR(mix_take_doc,
-"mix_take(draws, begin, limit, bounds, parts, starts, origins, origins_out)\n"
-"    -> (items, end, short)\n\n"
+"mix_take(draws, begin, limit, bounds, parts, starts, origins, origins_out, out=None)\n"
+"    -> (out, end, short)\n\n"
 "From draw `begin` on (draws: a contiguous buffer of little-endian uint32), each draw u picks\n"
 "the first part k with u < bounds[k] (bounds: a contiguous buffer of uint64, one per part,\n"
 "non-decreasing, the last 2**32) and takes the next item of parts[k] (a list) from\n"
-"starts[k] (a list of ints, updated in place). Stops after `limit` items, at the end of the\n"
+"starts[k] (a list of ints, updated in place), appending it to `out` (a list, not one of the\n"
+"parts; None: a new list), which is returned. Stops after `limit` items, at the end of the\n"
 "draws, or before the first draw whose part has no item left: `short` is that part, else -1;\n"
 "`end` is the first draw not used. origins (None, or a list of int64 buffers as long as the\n"
-"parts) gives each item's origin, written to origins_out[0:len(items)] (a writable int64\n"
-"buffer of at least min(limit, draws left) entries).");
+"parts) gives each item's origin, written to origins_out[0:n] for the n items of this pass\n"
+"(a writable int64 buffer of at least min(limit, draws left) entries). A part that only the\n"
+"parts list refers to gives its taken items up: None takes their slots.");
 
 /* The part a draw picks: the first k with u < bounds[k] (bounds[nparts - 1] is past any u). */
 static inline Py_ssize_t pick(const uint64_t *bounds, Py_ssize_t nparts, uint64_t u)
@@ -60,22 +73,27 @@ static inline Py_ssize_t pick(const uint64_t *bounds, Py_ssize_t nparts, uint64_
 static PyObject *py_mix_take(PyObject *self, PyObject *args)
 {
     PyObject *draws_obj, *bounds_obj, *parts, *starts, *origins, *origins_out_obj;
-    PyObject *out = NULL, *result = NULL;
-    Py_ssize_t begin, limit, nparts = 0, norigins = 0;
+    PyObject *out_obj = Py_None, *out = NULL, *result = NULL;
+    Py_ssize_t begin, limit, nparts = 0, norigins = 0, had = 0;
     Py_buffer draws = {0}, bounds_view = {0}, oout = {0};
     Py_buffer *oviews = NULL;
-    int have_oout = 0;
+    int have_oout = 0, placed = 0;
     uint64_t bounds[MAX_PARTS];
     Py_ssize_t first[MAX_PARTS], avail[MAX_PARTS], taken[MAX_PARTS] = {0};
     PyObject **items[MAX_PARTS];
+    unsigned char owned[MAX_PARTS];
     const unsigned char *origin_in[MAX_PARTS];
     PyObject *new_starts[MAX_PARTS] = {0};
 
-    if (!PyArg_ParseTuple(args, "OnnOOOOO:mix_take", &draws_obj, &begin, &limit, &bounds_obj,
-                          &parts, &starts, &origins, &origins_out_obj))
+    if (!PyArg_ParseTuple(args, "OnnOOOOO|O:mix_take", &draws_obj, &begin, &limit, &bounds_obj,
+                          &parts, &starts, &origins, &origins_out_obj, &out_obj))
         return NULL;
     if (!PyList_Check(parts) || !PyList_Check(starts)) {
         PyErr_SetString(PyExc_TypeError, "parts and starts must be lists");
+        return NULL;
+    }
+    if (out_obj != Py_None && !PyList_CheckExact(out_obj)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list or None");
         return NULL;
     }
     if (PyObject_GetBuffer(draws_obj, &draws, PyBUF_C_CONTIGUOUS) < 0)
@@ -156,16 +174,50 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
             }
         }
     }
-    /* Allocated before anything of parts is looked at: allocating can run a garbage
-     * collection, whose finalizers could change the lists. Nothing below, until the items are
-     * placed, calls back into Python. */
-    out = PyList_New(most);
-    if (out == NULL)
-        goto fail;
+    /* The output: the caller's list with room for this pass's items, else a new one. Made
+     * before anything of parts is looked at: allocating (here or in growing the caller's list)
+     * can run a garbage collection, whose finalizers could change the lists. Nothing below,
+     * until the items are placed, calls back into Python. */
+    if (out_obj == Py_None) {
+        Py_ssize_t room = limit <= MAX_ROOM && limit > most ? limit : most;
+        out = PyList_New(room);
+        if (out == NULL)
+            goto fail;
+        Py_SET_SIZE(out, 0); /* an empty list with room for `room` items */
+    } else {
+        Py_INCREF(out_obj);
+        out = out_obj;
+        had = PyList_GET_SIZE(out);
+        if (((PyListObject *)out)->allocated - had < most) {
+            /* Grown the list's own way (over-allocating), then its length put back. */
+            PyObject *filler = PyList_New(most);
+            if (filler == NULL)
+                goto fail;
+            for (Py_ssize_t i = 0; i < most; i++) {
+                Py_INCREF(Py_None);
+                PyList_SET_ITEM(filler, i, Py_None);
+            }
+            int grown = PyList_SetSlice(out, had, had, filler);
+            Py_DECREF(filler);
+            if (grown < 0)
+                goto fail;
+            if (PyList_GET_SIZE(out) != had + most) {
+                PyErr_SetString(PyExc_RuntimeError, "out changed while it grew");
+                goto fail;
+            }
+            for (Py_ssize_t i = had; i < had + most; i++)
+                Py_DECREF(Py_None); /* the filler's slots, given up again */
+            Py_SET_SIZE(out, had);
+        }
+    }
     for (Py_ssize_t k = 0; k < nparts; k++) {
         PyObject *part = PyList_GET_ITEM(parts, k), *start_obj = PyList_GET_ITEM(starts, k);
         if (!PyList_Check(part)) {
             PyErr_Format(PyExc_TypeError, "parts[%zd] must be a list", k);
+            goto fail;
+        }
+        if (part == out) {
+            PyErr_Format(PyExc_ValueError, "out is parts[%zd]", k);
             goto fail;
         }
         if (!PyLong_CheckExact(start_obj)) {
@@ -187,6 +239,9 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         }
         first[k] = start;
         avail[k] = size - start;
+        /* Only the parts list refers to it (an exact list: a subclass may keep its items in
+         * sync with something else): its items move out. */
+        owned[k] = PyList_CheckExact(part) && Py_REFCNT(part) == 1;
         /* An empty list's (or buffer's) storage may be NULL: no offset from it (UB even + 0). */
         items[k] = avail[k] ? PySequence_Fast_ITEMS(part) + start : NULL;
         origin_in[k] = have_oout && avail[k] ? (const unsigned char *)oviews[k].buf + 8 * start
@@ -196,7 +251,10 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
     const unsigned char *d = most ? (const unsigned char *)draws.buf + (size_t)begin * DRAW_BYTES
                                   : NULL;
     unsigned char *origin_out = have_oout ? (unsigned char *)oout.buf : NULL;
+    /* Room for `most` items after the `had` there (none: the storage may be NULL). */
+    PyObject **slot = most ? PySequence_Fast_ITEMS(out) + had : NULL;
     Py_ssize_t n = 0, short_part = -1;
+    placed = 1; /* from here a failure gives back what was placed */
     for (; n < most; n++, d += DRAW_BYTES) {
         uint64_t u = (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16 |
                      (uint64_t)d[3] << 24;
@@ -207,12 +265,14 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
             break;
         }
         PyObject *item = items[k][j];
+        if (!owned[k]) {
 #if defined(__GNUC__) || defined(__clang__)
-        if (j + PREFETCH_AHEAD < avail[k])
-            __builtin_prefetch(items[k][j + PREFETCH_AHEAD], 1);
+            if (j + PREFETCH_AHEAD < avail[k])
+                __builtin_prefetch(items[k][j + PREFETCH_AHEAD], 1);
 #endif
-        Py_INCREF(item);
-        PyList_SET_ITEM(out, n, item);
+            Py_INCREF(item);
+        }
+        slot[n] = item;
         if (origin_out != NULL)
             memcpy(origin_out + 8 * n, origin_in[k] + 8 * j, 8);
         taken[k] = j + 1;
@@ -226,18 +286,34 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
                 goto fail;
         }
     }
+    /* Nothing fails from here. The owned parts give their taken items up. */
+    placed = 0;
     for (Py_ssize_t k = 0; k < nparts; k++) {
+        if (owned[k]) {
+            for (Py_ssize_t j = 0; j < taken[k]; j++) {
+                Py_INCREF(Py_None);
+                items[k][j] = Py_None;
+            }
+        }
         if (new_starts[k] != NULL) {
             PyList_SetItem(starts, k, new_starts[k]); /* steals the reference */
             new_starts[k] = NULL;
         }
     }
-    /* Cut short: the list ends at its filled slots (the rest, never filled, stay allocated
-     * but unused; a copy would count every item up, and the original down, once more). */
-    Py_SET_SIZE(out, n);
+    Py_SET_SIZE(out, had + n);
     result = Py_BuildValue("(Onn)", out, begin + n, short_part);
 fail:
-    Py_XDECREF(out); /* a list with empty (NULL) slots is freed safely */
+    if (placed) {
+        /* Failed after placing: the items counted up are counted down, the moved ones left to
+         * their parts, and out is as it was. */
+        for (Py_ssize_t k = 0; k < nparts; k++) {
+            if (!owned[k]) {
+                for (Py_ssize_t j = 0; j < taken[k]; j++)
+                    Py_DECREF(items[k][j]);
+            }
+        }
+    }
+    Py_XDECREF(out); /* a new list's unused room is never looked at */
     for (Py_ssize_t k = 0; k < MAX_PARTS; k++)
         Py_XDECREF(new_starts[k]);
     for (Py_ssize_t k = 0; k < norigins; k++)

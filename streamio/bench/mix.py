@@ -14,12 +14,14 @@ split the same way: per-record costs that dwarf the placement).
 Each pipeline runs in a fresh process of its own, as a training job runs one of them: a process
 that ran the other pipeline first would start from the heap that one left (the C allocator
 returns memory to the system, or keeps it, by thresholds that earlier allocations move, and the
-page faults of memory taken back from the system are a tenth of an epoch here). A round runs
-``alone`` and ``mixed`` once each (in alternating order), each process one epoch to warm up and
-then ``--epochs``; the report gives the medians of the processes' median epoch times, the median
-of the per-round ratios mixed / alone (the target: at most 1.10) in wall-clock time and in the
-process's CPU time (which a machine shared with other jobs disturbs less), and the minor page
-faults per epoch.
+page faults of memory taken back from the system are a tenth of an epoch here). A round starts
+an ``alone`` and a ``mixed`` process side by side; each runs one epoch to warm up, then they
+take ``--epochs`` epochs by turns (one runs while the other waits; who goes first alternates),
+so each pair of epochs is timed within a fraction of a second and a machine whose speed drifts
+(a shared VM: 1.5x over minutes here) slows both alike. The report gives the median epoch times,
+the median of the per-pair ratios mixed / alone over every pair of every round (the target: at
+most 1.10) and its quartiles, in wall-clock time and in the process's CPU time (which other
+jobs on the machine disturb less), and the minor page faults per epoch.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -77,55 +80,89 @@ def _write_pair(tmp: str, name: str, records: list) -> tuple:
     return a, b
 
 
-def _child(case: str, kind: str, a: str, b: str, epochs: int) -> int:
-    """One process's measurement: a warm-up epoch, then ``epochs``; prints the median epoch's
-    wall and CPU seconds, the items of an epoch and the minor page faults per epoch (JSON)."""
+def _child(case: str, kind: str, a: str, b: str) -> int:
+    """One process of a round: a warm-up epoch, then an epoch each time a line asks for one
+    (its wall and CPU seconds, items and minor page faults, as a JSON line), until stdin ends."""
     alone, mixed = _pipelines(a, b, case == "decoded")
     ds = alone if kind == "alone" else mixed
     _epoch_s(ds)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    runs = [_epoch_s(ds) for _ in range(epochs)]
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    if len({items for _, _, items in runs}) != 1:
-        raise SystemExit(f"the {kind} pipeline delivered different item counts across epochs")
-    print(json.dumps({"wall": statistics.median(r[0] for r in runs),
-                      "cpu": statistics.median(r[1] for r in runs),
-                      "items": runs[0][2], "faults": faults / epochs}))
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        wall, cpu, items = _epoch_s(ds)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        print(json.dumps({"wall": wall, "cpu": cpu, "items": items, "faults": faults}),
+              flush=True)
     return 0
 
 
-def _run_child(case: str, kind: str, a: str, b: str, epochs: int) -> dict:
-    # The streamio this process runs, whether installed or not.
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(streamio.__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    done = subprocess.run([sys.executable, "-m", "streamio.bench.mix", "--child", case, kind,
-                           a, b, str(epochs)], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"the {case} {kind} measurement failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class _Child:
+    """A child process running one pipeline, an epoch at a time on request."""
+
+    def __init__(self, case: str, kind: str, a: str, b: str) -> None:
+        # The streamio this process runs, whether installed or not.
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+            streamio.__file__))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        self.what = f"the {case} {kind} measurement"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamio.bench.mix", "--child", case, kind, a, b],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        self._line("ready")
+
+    def _line(self, expect: Optional[str] = None) -> str:
+        line = self.proc.stdout.readline()
+        if not line or (expect is not None and line.strip() != expect):
+            self.proc.kill()
+            raise SystemExit(f"{self.what} failed:\n{line}{self.proc.stderr.read()[-2000:]}")
+        return line
+
+    def epoch(self) -> dict:
+        self.proc.stdin.write("epoch\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def _quartiles(values: list) -> tuple:
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return q[0], q[2]
 
 
 def _measure(case: str, a: str, b: str, rounds: int, epochs: int) -> dict:
-    """Median alone and mixed epoch times (wall, CPU), the medians of the per-round ratios and
-    the page faults per epoch, each pipeline in its own process every round."""
+    """Median alone and mixed epoch times (wall, CPU), the median and quartiles of the
+    per-pair ratios and the page faults per epoch: ``rounds`` pairs of fresh processes, each
+    pair timing ``epochs`` epochs by turns."""
     runs: dict = {"alone": [], "mixed": []}
     for r in range(rounds):
-        order = ("alone", "mixed") if r % 2 == 0 else ("mixed", "alone")
-        got = {kind: _run_child(case, kind, a, b, epochs) for kind in order}
-        if got["alone"]["items"] != got["mixed"]["items"]:
-            raise SystemExit(f"the mix delivered {got['mixed']['items']} items, the inputs"
-                             f" alone {got['alone']['items']}")
-        for kind in runs:
-            runs[kind].append(got[kind])
-    out = {}
+        children = {kind: _Child(case, kind, a, b) for kind in runs}
+        try:
+            for e in range(epochs):
+                order = ("alone", "mixed") if (r + e) % 2 == 0 else ("mixed", "alone")
+                got = {kind: children[kind].epoch() for kind in order}
+                if got["alone"]["items"] != got["mixed"]["items"]:
+                    raise SystemExit(f"the mix delivered {got['mixed']['items']} items, the"
+                                     f" inputs alone {got['alone']['items']}")
+                for kind in runs:
+                    runs[kind].append(got[kind])
+        finally:
+            for child in children.values():
+                child.close()
+    out: dict = {}
     for clock in ("wall", "cpu", "faults"):
         out[clock] = tuple(statistics.median(run[clock] for run in runs[kind]) for kind in runs)
     for clock in ("wall", "cpu"):
-        out[f"{clock}_ratio"] = statistics.median(
-            m[clock] / a[clock] if a[clock] > 0 else 1.0
-            for a, m in zip(runs["alone"], runs["mixed"]))
+        ratios = [m[clock] / a[clock] if a[clock] > 0 else 1.0
+                  for a, m in zip(runs["alone"], runs["mixed"])]
+        out[f"{clock}_ratio"] = statistics.median(ratios)
+        out[f"{clock}_quartiles"] = _quartiles(ratios)
     return out
 
 
@@ -133,15 +170,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--large-records", type=int, default=8000)
-    parser.add_argument("--rounds", type=int, default=11)
-    parser.add_argument("--epochs", type=int, default=5,
-                        help="epochs timed in each process, after one to warm up")
-    parser.add_argument("--child", nargs=5, metavar=("CASE", "KIND", "A", "B", "EPOCHS"),
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="pairs of fresh processes (alone, mixed) per pipeline")
+    parser.add_argument("--epochs", type=int, default=10,
+                        help="epochs each process of a pair times, by turns, after one to warm up")
+    parser.add_argument("--child", nargs=4, metavar=("CASE", "KIND", "A", "B"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        case, kind, a, b, epochs = args.child
-        return _child(case, kind, a, b, int(epochs))
+        return _child(*args.child)
     with tempfile.TemporaryDirectory() as tmp:
         payloads, _, _ = example_payloads(args.records, np.random.default_rng(0))
         a, b = _write_pair(tmp, "examples", [bytes(p) for p in payloads])
@@ -150,16 +187,19 @@ def main(argv=None) -> int:
         big_a, big_b = _write_pair(tmp, "large", [rng.bytes(LARGE_RECORD)
                                                   for _ in range(args.large_records)])
         print(f"{args.records} Example records and {args.large_records} of 16 KiB, 3/4 in a,"
-              f" 1/4 in b; weights [0.75, 0.25], stop='all_exhausted'; {args.rounds} rounds of"
-              f" a fresh process each ({args.epochs} epochs after one to warm up), medians")
-        print(f"{'pipeline':9} {'alone_s':>8} {'mixed_s':>8} {'ratio':>6} {'alone_cpu':>9}"
-              f" {'mixed_cpu':>9} {'cpu_ratio':>9} {'alone_flt':>9} {'mixed_flt':>9}")
+              f" 1/4 in b; weights [0.75, 0.25], stop='all_exhausted'; {args.rounds} pairs of"
+              f" fresh processes, {args.epochs} epochs each by turns after one to warm up;"
+              f" medians, ratios per pair of epochs (quartiles in brackets)")
+        print(f"{'pipeline':9} {'alone_s':>8} {'mixed_s':>8} {'ratio':>6} {'quartiles':>11}"
+              f" {'alone_cpu':>9} {'mixed_cpu':>9} {'cpu_ratio':>9} {'alone_flt':>9}"
+              f" {'mixed_flt':>9}")
         for name, first, second in (("raw", a, b), ("decoded", a, b),
                                     ("raw-16k", big_a, big_b)):
             m = _measure(name, first, second, args.rounds, args.epochs)
+            low, high = m["wall_quartiles"]
             print(f"{name:9} {m['wall'][0]:8.3f} {m['wall'][1]:8.3f} {m['wall_ratio']:6.2f}"
-                  f" {m['cpu'][0]:9.3f} {m['cpu'][1]:9.3f} {m['cpu_ratio']:9.2f}"
-                  f" {m['faults'][0]:9.0f} {m['faults'][1]:9.0f}")
+                  f" {f'[{low:.2f}-{high:.2f}]':>11} {m['cpu'][0]:9.3f} {m['cpu'][1]:9.3f}"
+                  f" {m['cpu_ratio']:9.2f} {m['faults'][0]:9.0f} {m['faults'][1]:9.0f}")
     return 0
 
 

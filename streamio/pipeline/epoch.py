@@ -249,7 +249,11 @@ class EpochRun:
                         if ids is not None:
                             ids = ids[start::num_shards]
                     if records:
-                        yield records, ids
+                        # Handed over: the frame keeps no reference to the list it yields (see
+                        # RecordReader.record_lists).
+                        block = [(records, ids)]
+                        del records, ids
+                        yield block.pop()
             finally:
                 reader.close()
                 stats.reader_closed(reader.stats)

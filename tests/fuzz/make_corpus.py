@@ -306,7 +306,8 @@ def shuffle_seeds(rng: random.Random) -> List[bytes]:
 def mix_take_seeds(rng: random.Random) -> List[bytes]:
     """Two to a few parts by weight (3/4 and 1/4 as the mix benchmark, equal thirds, an empty
     range), with and without origins; parts that run out before the draws, draws that run out
-    first, a limit that cuts."""
+    first, a limit that cuts; parts held only by the kernel's argument (moved out) or elsewhere
+    too (read), and an output list given to append to."""
     seeds = []
     for cuts in ([3 << 30], [1 << 30, 2 << 30], [0, 1 << 31, 1 << 31]):
         k = len(cuts) + 1
@@ -318,6 +319,9 @@ def mix_take_seeds(rng: random.Random) -> List[bytes]:
                                            limit=rng.choice([0, 7, 64, 255])))
             seeds.append(T.encode_mix_take([200] * k, [0] * k, cuts, draws, begin=3,
                                            origins=origins))
+            # Parts held elsewhere too (read, not moved), and a list given to append to.
+            seeds.append(T.encode_mix_take(sizes, starts, cuts, draws, origins=origins,
+                                           shared=True, into=rng.randint(1, 7)))
     return seeds
 
 

@@ -470,10 +470,12 @@ MIX_END = 1 << 32
 
 def encode_mix_take(sizes: Sequence[int], starts: Sequence[int], cuts: Sequence[int],
                     draws: Sequence[int], *, begin: int = 0, limit: int = 64,
-                    origins: bool = False) -> bytes:
+                    origins: bool = False, shared: bool = False, into: int = 0) -> bytes:
     """Parts of ``sizes`` items (each < 256) from ``starts``, bounds ``cuts`` (one fewer than
-    the parts; sorted by the decoder), then the draws (uint32)."""
-    head = bytes([len(sizes) - 1, origins, begin, limit])
+    the parts; sorted by the decoder), then the draws (uint32). ``shared``: the parts are also
+    held elsewhere (read, not moved); ``into``: a list of that many items (1-7) to append to."""
+    flags = origins | shared << 3 | (into & 7) << 4
+    head = bytes([len(sizes) - 1, flags, begin, limit])
     head += b"".join(bytes([n, s]) for n, s in zip(sizes, starts))
     return head + b"".join(struct.pack("<I", c) for c in cuts) + struct.pack(
         f"<{len(draws)}I", *draws)
@@ -483,7 +485,10 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     """Input: ``k-1 u8 | flags u8 | begin u8 | limit u8 | k x (size u8, start u8) |
     (k-1) x u32 cut | draws (u32 each; a ragged tail is refused)``; flags bit 0: origins (an
     int64 array per part), bit 1: a raw cut (unsorted, or past 2**32: refused), bit 2: a start
-    past its part (refused). Reference: ``streamio.pipeline.mix.mix_take_reference``."""
+    past its part (refused), bit 3: the parts are held elsewhere too (the kernel reads them;
+    else it moves the taken items out, None in their slots), bits 4-6: the items go into a
+    given list already holding that many. Reference: ``mix_take_reference``, on its own copy
+    of the parts."""
     from streamio.pipeline.mix import mix_take_reference
 
     inp = Input(data)
@@ -503,23 +508,40 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     bounds = np.array(cuts + [MIX_END], dtype=np.uint64)
     draws = inp.rest()
     begin = min(begin, len(draws) // 4 + 1)  # mostly in range, sometimes one past the end
-    parts = [[("item", j, i) for i in range(size)] for j, size in enumerate(sizes)]
+    blocks = [[("item", j, i) for i in range(size)] for j, size in enumerate(sizes)]
     origins = ([np.arange(size, dtype=np.int64) * 256 + j for j, size in enumerate(sizes)]
                if flags & 1 else None)
-    everything = [item for part in parts for item in part]
+    shared, into = bool(flags & 8), (flags >> 4) & 7
+    held = [("held", i) for i in range(into)]
+    everything = [item for block in blocks for item in block] + held
     baseline = [sys.getrefcount(x) for x in everything]
     runs = []
     for fn in (ck.mix_take, mix_take_reference):
         given = list(starts)
         out = None if origins is None else np.full(limit, -1, dtype=np.int64)
+        parts = [list(block) for block in blocks]  # held by `parts` alone, unless shared
+        others = list(parts) if shared else None
+        extra = (list(held),) if into else ()
         try:
-            items, end, short = fn(draws, begin, limit, bounds, parts, given, origins, out)
+            items, end, short = fn(draws, begin, limit, bounds, parts, given, origins, out,
+                                   *extra)
         except (TypeError, ValueError) as exc:
             runs.append(("error", type(exc).__name__, str(exc), given))
-            continue
-        runs.append(([id(x) for x in items], end, short, given,
-                     None if out is None else out.tolist()))
-        del items
+            untouched = parts == blocks
+        else:
+            if into and items is not extra[0]:
+                raise Mismatch(f"{fn.__name__} did not return the list it was given")
+            runs.append(([id(x) for x in items], end, short, given,
+                         None if out is None else out.tolist()))
+            # The kernel moves what it took out of parts only it holds; else parts stay.
+            moved = fn is ck.mix_take and not shared
+            untouched = all(
+                x is None if moved and starts[j] <= i < given[j] else x is blocks[j][i]
+                for j, part in enumerate(parts) for i, x in enumerate(part))
+            del items
+        if not untouched:
+            raise Mismatch(f"{fn.__name__} left parts other than it should")
+        del parts, others, extra
     expect_equal("mix_take outcome", runs[0], runs[1])
     del runs
     expect_equal("reference counts", [sys.getrefcount(x) for x in everything], baseline)

@@ -35,54 +35,116 @@ def _bounds(data, k: int) -> np.ndarray:
 def _call(fn, args: tuple) -> tuple:
     """What a call gives (the items by identity), and what it leaves in starts and
     origins_out."""
-    draws, begin, limit, bounds, parts, starts, origins, out_ids = args
+    draws, begin, limit, bounds, parts, starts, origins, out_ids = args[:8]
+    out = args[8] if len(args) > 8 else None
     starts = list(starts)
     out_ids = None if out_ids is None else out_ids.copy()
     try:
-        items, end, short = fn(draws, begin, limit, bounds, parts, starts, origins, out_ids)
+        items, end, short = fn(draws, begin, limit, bounds, parts, starts, origins, out_ids,
+                               *args[8:])
     except (TypeError, ValueError, BufferError) as exc:
         return (type(exc), str(exc)), starts, None
-    written = None if out_ids is None else out_ids[:len(items)].tolist()
+    assert out is None or items is out
+    written = None if out_ids is None else out_ids[:end - begin].tolist()
     return ([id(x) for x in items], end, short), starts, written
 
 
 @SLOW_OK
-@given(k=st.integers(1, 12), track=st.booleans(), data=st.data())
-def test_mix_take_equals_the_reference(k, track, data):
+@given(k=st.integers(1, 12), track=st.booleans(), shared=st.booleans(), prefix=st.integers(0, 5),
+       into=st.booleans(), data=st.data())
+def test_mix_take_equals_the_reference(k, track, shared, prefix, into, data):
+    """Same objects, origins, stop and starts as the reference, whether the kernel moves the
+    items out of parts only `parts` holds (the mix's input blocks) or counts them (a part held
+    elsewhere too, left as it was); appended to a given list after what it held."""
     ndraws = data.draw(st.integers(0, 60))
     draws = data.draw(st.binary(min_size=4 * ndraws, max_size=4 * ndraws))
     bounds = _bounds(data, k)
     # Fresh objects (a drawn b"" or small int is shared by everyone: its count moves on its own).
-    parts = [[[item] for item in data.draw(st.lists(ITEMS, max_size=12))] for _ in range(k)]
-    starts = [data.draw(st.integers(0, len(part))) for part in parts]
-    origins = [np.arange(len(p), dtype=np.int64) + 100 * j for j, p in enumerate(parts)]
+    blocks = [[[item] for item in data.draw(st.lists(ITEMS, max_size=12))] for _ in range(k)]
+    starts = [data.draw(st.integers(0, len(part))) for part in blocks]
+    origins = [np.arange(len(p), dtype=np.int64) + 100 * j for j, p in enumerate(blocks)]
     limit = data.draw(st.integers(0, 40))
     begin = data.draw(st.integers(0, ndraws))
     out_ids = np.full(limit, -1, dtype=np.int64)
-    args = (draws, begin, limit, bounds, parts, starts, origins if track else None,
-            out_ids if track else None)
-    everything = [item for part in parts for item in part]
+    held = [object() for _ in range(prefix)]
+    everything = [item for part in blocks for item in part] + held
     baseline = [sys.getrefcount(item) for item in everything]
-    expected = _call(mix_take_reference, args)
-    got = _call(speedups.mix_take, args)
-    assert got == expected  # the same objects, origins, stop and starts
-    items, end, short = speedups.mix_take(draws, begin, limit, bounds, parts, list(starts),
-                                          None, None)
+    runs = {}
+    for name, fn in (("reference", mix_take_reference), ("kernel", speedups.mix_take)):
+        parts = [list(block) for block in blocks]  # each list held by `parts` alone...
+        others = list(parts) if shared else None  # ...or not
+        out = list(held) if into else None
+        args = (draws, begin, limit, bounds, parts, starts, origins if track else None,
+                out_ids if track else None) + ((out,) if into else ())
+        runs[name] = _call(fn, args)
+        (ids, end, short), after, _ = runs[name]
+        took = [a - s for a, s in zip(after, starts)]
+        if into:
+            assert ids[:prefix] == [id(x) for x in held]  # appended after what it held
+        for j, part in enumerate(parts):
+            gone = range(starts[j], starts[j] + took[j])
+            moved = name == "kernel" and not shared
+            assert [x is None if i in gone and moved else x is blocks[j][i]
+                    for i, x in enumerate(part)] == [True] * len(part)
+        del parts, part, others, out, args
+    assert runs["kernel"] == runs["reference"]
+    (ids, end, short), after, _ = runs["kernel"]
+    ids = ids[prefix if into else 0:]
     # Each draw picked the part its bounds say, and each part's items came out in order.
     u = np.frombuffer(draws, "<u4")
     taken = dict.fromkeys(range(k), 0)
     for t in range(begin, end):
         j = int(np.argmax(u[t] < bounds))
-        assert items[t - begin] is parts[j][starts[j] + taken[j]]
+        assert ids[t - begin] == id(blocks[j][starts[j] + taken[j]])
         taken[j] += 1
-    assert got[1] == [s + taken[j] for j, s in enumerate(starts)]
+    assert after == [s + taken[j] for j, s in enumerate(starts)]
     if short >= 0:  # the draw at `end` names a part with nothing left
         assert np.argmax(u[end] < bounds) == short
-        assert starts[short] + taken[short] == len(parts[short])
+        assert starts[short] + taken[short] == len(blocks[short])
     else:
-        assert len(items) == limit or end == ndraws
-    del items, got, expected
+        assert len(ids) == limit or end == ndraws
     assert [sys.getrefcount(item) for item in everything] == baseline  # none leaked or lost
+
+
+def test_mix_take_moves_items_out_of_a_part_only_parts_holds():
+    """The mix's case: an input block held by `parts` alone gives its items up (None in their
+    slots), so each item is held once, by the output, and nothing is counted twice; a block
+    also held elsewhere is left whole."""
+    draws = np.zeros(3, dtype="<u4").tobytes()
+    one = np.array([END], np.uint64)
+    made = [object() for _ in range(4)]
+    parts = [list(made)]
+    before = [sys.getrefcount(x) for x in made]
+    out, end, short = speedups.mix_take(draws, 0, 3, one, parts, [0], None, None)
+    assert out == made[:3] and (end, short) == (3, -1)
+    assert parts[0] == [None, None, None, made[3]]
+    assert [sys.getrefcount(x) for x in made] == before  # the part's references moved to out
+    del out
+    shared = list(made)
+    parts = [shared]
+    out, _, _ = speedups.mix_take(draws, 0, 3, one, parts, [0], None, None)
+    assert shared == made and out == made[:3]
+    # `shared` in place of the first part, and out's references counted up.
+    assert [sys.getrefcount(x) for x in made] == [b + 1 for b in before[:3]] + before[3:]
+
+
+def test_mix_take_appends_to_the_list_it_is_given_and_grows_it():
+    """`out` a list: the items go after what it holds, however little room it has; the list
+    itself is returned. A new list has room for `limit` items, so the next pass into it does
+    not move it."""
+    draws = np.zeros(50, dtype="<u4").tobytes()
+    one = np.array([END], np.uint64)
+    for fn in (speedups.mix_take, mix_take_reference):
+        source = [[i] for i in range(50)]
+        out = ["x"]
+        got, end, _ = fn(draws, 0, 30, one, [source], [0], None, None, out)
+        assert got is out and out == ["x"] + source[:30] and end == 30
+        got, end, _ = fn(draws, 30, 30, one, [source], [30], None, None, out)
+        assert got is out and out == ["x"] + source and end == 50
+        with pytest.raises(ValueError, match=r"out is parts\[0\]"):
+            fn(draws, 0, 1, one, [source], [0], None, None, source)
+        with pytest.raises(TypeError, match="out must be a list or None"):
+            fn(draws, 0, 1, one, [source], [0], None, None, ())
 
 
 @SLOW_OK
@@ -162,6 +224,7 @@ def test_mix_take_stops_where_a_part_runs_out_and_moves_the_starts_on():
         ids = np.zeros(4, np.int64)
         items, end, short = fn(draws, 0, 4, bounds, parts, starts, origins, ids)
         assert (items, end, short) == ([a[0], b[0], a[1]], 3, 0)
+        assert a == [["a", 0], ["a", 1]]  # held here too: not moved out
         assert ids[:3].tolist() == [10, 20, 11] and starts == [2, 1]
         parts[0], starts[0] = [["a", 2]], 0  # its next block
         assert fn(draws, 3, 1, bounds, parts, starts, None, None) == ([["a", 2]], 4, -1)
