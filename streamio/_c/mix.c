@@ -189,7 +189,9 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         out = out_obj;
         had = PyList_GET_SIZE(out);
         if (((PyListObject *)out)->allocated - had < most) {
-            /* Grown the list's own way (over-allocating), then its length put back. */
+            /* Grown the list's own way (over-allocating): `most` Nones appended, then its
+             * length put back. The length is read again after the filler is made (making it
+             * can run a collection); appending runs no Python code. */
             PyObject *filler = PyList_New(most);
             if (filler == NULL)
                 goto fail;
@@ -197,16 +199,13 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
                 Py_INCREF(Py_None);
                 PyList_SET_ITEM(filler, i, Py_None);
             }
+            had = PyList_GET_SIZE(out);
             int grown = PyList_SetSlice(out, had, had, filler);
             Py_DECREF(filler);
             if (grown < 0)
                 goto fail;
-            if (PyList_GET_SIZE(out) != had + most) {
-                PyErr_SetString(PyExc_RuntimeError, "out changed while it grew");
-                goto fail;
-            }
-            for (Py_ssize_t i = had; i < had + most; i++)
-                Py_DECREF(Py_None); /* the filler's slots, given up again */
+            for (Py_ssize_t i = 0; i < most; i++)
+                Py_DECREF(Py_None); /* the appended slots, given up again */
             Py_SET_SIZE(out, had);
         }
     }

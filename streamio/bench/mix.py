@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import resource
+import select
 import statistics
 import subprocess
 import sys
@@ -99,6 +100,9 @@ def _child(case: str, kind: str, a: str, b: str) -> int:
 class _Child:
     """A child process running one pipeline, an epoch at a time on request."""
 
+    #: Seconds a child may take to start or to run one epoch before it counts as failed.
+    TIMEOUT = 600
+
     def __init__(self, case: str, kind: str, a: str, b: str) -> None:
         # The streamio this process runs, whether installed or not.
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -106,17 +110,27 @@ class _Child:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         self.what = f"the {case} {kind} measurement"
+        # Its stderr to a file: a pipe nobody reads until the end could fill and stop it.
+        self.errors = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamio.bench.mix", "--child", case, kind, a, b],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
             text=True)
         self._line("ready")
 
     def _line(self, expect: Optional[str] = None) -> str:
-        line = self.proc.stdout.readline()
+        # One line answers each request, so nothing waits in the reader's buffer: select() on
+        # the pipe tells whether the answer came in time.
+        ready = select.select([self.proc.stdout], [], [], self.TIMEOUT)[0]
+        line = self.proc.stdout.readline() if ready else ""
         if not line or (expect is not None and line.strip() != expect):
             self.proc.kill()
-            raise SystemExit(f"{self.what} failed:\n{line}{self.proc.stderr.read()[-2000:]}")
+            self.proc.wait()
+            self.errors.seek(0)
+            said = self.errors.read()[-2000:]
+            self.close()
+            late = "" if ready else f"no answer in {self.TIMEOUT} s\n"
+            raise SystemExit(f"{self.what} failed:\n{late}{line}{said}")
         return line
 
     def epoch(self) -> dict:
@@ -125,10 +139,18 @@ class _Child:
         return json.loads(self._line())
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.stdin.close()  # the child's loop ends with its stdin
+        except OSError:  # it is gone already
+            pass
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=self.TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self.proc.stdout.close()
-        self.proc.stderr.close()
+        self.errors.close()  # closing twice is harmless
 
 
 def _quartiles(values: list) -> tuple:
