@@ -111,7 +111,7 @@ class _Child:
             [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         self.what = f"the {case} {kind} measurement"
         # Its stderr to a file: a pipe nobody reads until the end could fill and stop it.
-        self.errors = tempfile.TemporaryFile("w+")
+        self.errors = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamio.bench.mix", "--child", case, kind, a, b],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
@@ -126,12 +126,17 @@ class _Child:
         if not line or (expect is not None and line.strip() != expect):
             self.proc.kill()
             self.proc.wait()
-            self.errors.seek(0)
-            said = self.errors.read()[-2000:]
+            said = self._said()
             self.close()
             late = "" if ready else f"no answer in {self.TIMEOUT} s\n"
             raise SystemExit(f"{self.what} failed:\n{late}{line}{said}")
         return line
+
+    def _said(self, most: int = 2000) -> str:
+        """The last ``most`` bytes the child wrote to its stderr (read at an offset)."""
+        fd = self.errors.fileno()
+        size = os.fstat(fd).st_size
+        return os.pread(fd, most, max(0, size - most)).decode("utf-8", "replace")
 
     def epoch(self) -> dict:
         self.proc.stdin.write("epoch\n")
