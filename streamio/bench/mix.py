@@ -111,7 +111,7 @@ class _Child:
             [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         self.what = f"the {case} {kind} measurement"
         # Its stderr to a file: a pipe nobody reads until the end could fill and stop it.
-        self.errors = tempfile.TemporaryFile()
+        self.errors = tempfile.NamedTemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamio.bench.mix", "--child", case, kind, a, b],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
@@ -133,10 +133,10 @@ class _Child:
         return line
 
     def _said(self, most: int = 2000) -> str:
-        """The last ``most`` bytes the child wrote to its stderr (read at an offset)."""
-        fd = self.errors.fileno()
-        size = os.fstat(fd).st_size
-        return os.pread(fd, most, max(0, size - most)).decode("utf-8", "replace")
+        """The last ``most`` characters the child wrote to its stderr (the file opened again by
+        its name: the child's writes moved the offset this handle shares with it)."""
+        with open(self.errors.name, "rb") as f:
+            return f.read().decode("utf-8", "replace")[-most:]
 
     def epoch(self) -> dict:
         self.proc.stdin.write("epoch\n")
