@@ -20,7 +20,9 @@ take ``--epochs`` epochs by turns (one runs while the other waits; who goes firs
 so each pair of epochs is timed within a fraction of a second and a machine whose speed drifts
 (a shared VM: 1.5x over minutes here) slows both alike. The report gives the median epoch times,
 the median of the per-pair ratios mixed / alone over every pair of every round (the target: at
-most 1.10) and its quartiles, in wall-clock time and in the process's CPU time (which other
+most 1.10) with its quartiles (the spread of single pairs) and a 95% confidence interval of
+the median itself (whether the median is under the target: on a noisy machine a few rounds
+cannot say), in wall-clock time and in the process's CPU time (which other
 jobs on the machine disturb less), and the minor page faults per epoch.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import select
@@ -163,6 +166,19 @@ def _quartiles(values: list) -> tuple:
     return q[0], q[2]
 
 
+def _median_interval(values: list, z: float = 1.96) -> tuple:
+    """A distribution-free confidence interval of the median of ``values`` (about 95% with
+    the default ``z``): the order statistics whose ranks are ``n/2 -+ z*sqrt(n)/2`` (the normal
+    approximation of the binomial count of values under the median). It says whether the median
+    ratio is under a target, which the quartiles (the spread of single pairs) do not."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = z * math.sqrt(n) / 2
+    low = max(0, math.floor(n / 2 - half))
+    high = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return ordered[low], ordered[max(low, high)]
+
+
 def _measure(case: str, a: str, b: str, rounds: int, epochs: int) -> dict:
     """Median alone and mixed epoch times (wall, CPU), the median and quartiles of the
     per-pair ratios and the page faults per epoch: ``rounds`` pairs of fresh processes, each
@@ -190,6 +206,7 @@ def _measure(case: str, a: str, b: str, rounds: int, epochs: int) -> dict:
                   for a, m in zip(runs["alone"], runs["mixed"])]
         out[f"{clock}_ratio"] = statistics.median(ratios)
         out[f"{clock}_quartiles"] = _quartiles(ratios)
+        out[f"{clock}_interval"] = _median_interval(ratios)
     return out
 
 
@@ -197,9 +214,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--large-records", type=int, default=8000)
-    parser.add_argument("--rounds", type=int, default=5,
+    # 144 pairs a pipeline: about 1.5 minutes for the three; the median's 95% interval is then
+    # about +-0.03 on the development VM, where a single pair's ratio spreads +-0.1.
+    parser.add_argument("--rounds", type=int, default=12,
                         help="pairs of fresh processes (alone, mixed) per pipeline")
-    parser.add_argument("--epochs", type=int, default=10,
+    parser.add_argument("--epochs", type=int, default=12,
                         help="epochs each process of a pair times, by turns, after one to warm up")
     parser.add_argument("--child", nargs=4, metavar=("CASE", "KIND", "A", "B"),
                         help=argparse.SUPPRESS)
@@ -216,16 +235,20 @@ def main(argv=None) -> int:
         print(f"{args.records} Example records and {args.large_records} of 16 KiB, 3/4 in a,"
               f" 1/4 in b; weights [0.75, 0.25], stop='all_exhausted'; {args.rounds} pairs of"
               f" fresh processes, {args.epochs} epochs each by turns after one to warm up;"
-              f" medians, ratios per pair of epochs (quartiles in brackets)")
+              f" medians, ratios per pair of epochs (quartiles in brackets, then the median"
+              f" ratio's 95% confidence interval)")
         print(f"{'pipeline':9} {'alone_s':>8} {'mixed_s':>8} {'ratio':>6} {'quartiles':>11}"
+              f" {'ci95':>11}"
               f" {'alone_cpu':>9} {'mixed_cpu':>9} {'cpu_ratio':>9} {'alone_flt':>9}"
               f" {'mixed_flt':>9}")
         for name, first, second in (("raw", a, b), ("decoded", a, b),
                                     ("raw-16k", big_a, big_b)):
             m = _measure(name, first, second, args.rounds, args.epochs)
             low, high = m["wall_quartiles"]
+            sure_low, sure_high = m["wall_interval"]
             print(f"{name:9} {m['wall'][0]:8.3f} {m['wall'][1]:8.3f} {m['wall_ratio']:6.2f}"
-                  f" {f'[{low:.2f}-{high:.2f}]':>11} {m['cpu'][0]:9.3f} {m['cpu'][1]:9.3f}"
+                  f" {f'[{low:.2f}-{high:.2f}]':>11} {f'[{sure_low:.2f}-{sure_high:.2f}]':>11}"
+                  f" {m['cpu'][0]:9.3f} {m['cpu'][1]:9.3f}"
                   f" {m['cpu_ratio']:9.2f} {m['faults'][0]:9.0f} {m['faults'][1]:9.0f}")
     return 0
 
