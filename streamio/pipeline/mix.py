@@ -46,10 +46,11 @@ own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the s
 mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
 least ``MIN_READ_SIZE``). Together the inputs hold at most about twice what one Dataset holds
 (``MIN_READ_SIZE`` each beyond 16 inputs), not a reader's worth each, and an input's block is
-placed over a few of one reader's blocks' worth of output, so its records are still in the
-CPU's cache when they are placed and consumed: with every input reading 1 MiB, the mix of the
-benchmark (``streamio bench --workloads mix``) ran 20-35% slower than its inputs read in turn
-on small records, most of it records that had left the cache. The equal share keeps an input
+placed over a few of one reader's blocks' worth of output. With every input reading 1 MiB, the
+mix of the benchmark (``streamio bench --workloads mix``, small records) took 1.05x as long as
+with these shares (2026-11-27): the same user time, more page faults (2,022 an epoch against
+732). (An earlier version of the mix, reading 1 MiB each, ran 1.20-1.35x its inputs read in
+turn.) The equal share keeps an input
 drawn rarely from reading in pieces so small that the work per read outweighs that (records
 of 16 KiB).
 
