@@ -50,9 +50,8 @@ placed over a few of one reader's blocks' worth of output. With every input read
 mix of the benchmark (``streamio bench --workloads mix``, small records) took 1.05x as long as
 with these shares (2026-11-27): the same user time, more page faults (2,022 an epoch against
 732). (An earlier version of the mix, reading 1 MiB each, ran 1.20-1.35x its inputs read in
-turn.) The equal share keeps an input
-drawn rarely from reading in pieces so small that the work per read outweighs that (records
-of 16 KiB).
+turn.) The equal share keeps an input drawn rarely from reading in pieces so small that the
+work per read outweighs that (records of 16 KiB).
 
 An input's seeds that were drawn (``shuffle(seed=None)``) are replaced by seeds derived from the
 mix's seed and the input's place, so the mix's seed (which a resume state carries when it was
