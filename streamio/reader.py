@@ -23,6 +23,7 @@ from .codecs import (check_compression, describe_head, infer_compression, make_c
 from .errors import DecodeError, FormatError, SourceError, UsageError, UsageTypeError
 from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_tfrecord,
                       make_framer)
+from .formats._framing import RecordSpans
 from .formats.index_file import without_index_files
 from .formats.recordio import MULTIPART_CHOICES
 from .formats import check_common
@@ -31,6 +32,12 @@ from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_appl
 from .sources.base import check_timeout
 from .sources.ranged import MAX_OFFSET, open_at, range_capable
 
+#: Span blocks (``record_lists(spans=True)``) are given for a chunk only while the chunk before
+#: it framed records of at most this many bytes on average (frames included). Making a record
+#: from its span is a second pass over its bytes after the scan checked its CRC (the list path
+#: checks and copies in one): a mix of 400,000 Examples of 178 bytes ran 0.95x as long with
+#: spans as with lists, of 400-byte records 1.02x, 1 KiB 1.06x, 4 KiB 1.35x (2026-11-27).
+SPAN_MEAN_MAX = 320
 #: 1 MiB reads: large enough that per-read overhead vanishes, and a pipe buffer's worth.
 DEFAULT_READ_SIZE = 1024 * 1024
 #: Past the end of its byte range a reader needs only the rest of its last record and the next
@@ -214,8 +221,16 @@ class RecordReader:
             except TypeError:
                 pass
 
-    def record_lists(self) -> Iterator[list]:
-        """Yield, per chunk read, the list of records it completed. One pass only."""
+    def record_lists(self, spans: bool = False) -> Iterator[Any]:
+        """Yield, per chunk read, the list of records it completed. One pass only.
+
+        ``spans=True``: where the format frames records where they lie (TFRecord), the records
+        of a chunk that lie whole in it come as a
+        :class:`~streamio.formats._framing.RecordSpans` (a sequence of ``bytes`` made on
+        demand) rather than a list, valid only until the next block is asked for: the consumer
+        makes or drops them before then (``streamio.mix``, which makes each record when it
+        hands it out). A chunk may then give up to three blocks (records completed from the
+        previous chunk, the spans, the records after a fault)."""
         if self._started:
             raise UsageError("a RecordReader reads its source once; make a new one for another pass")
         self._started = True
@@ -245,6 +260,12 @@ class RecordReader:
             raise
         head = bytearray()  # the first bytes the framer saw, to say what they look like
         framing = False  # a FormatError while True came from the framer, else from the codec
+        # Span blocks (see above): the pairs' buffer, reused; the block last handed out, ended
+        # before the next read.
+        pairs = (memoryview(bytearray(16 * (self.read_size // 16 + 2))).cast("q")
+                 if spans and getattr(framer, "_scan_spans", None) is not None else None)
+        lent: Optional[RecordSpans] = None
+        small = True  # whether the last chunk's records were small (SPAN_MEAN_MAX)
         try:
             feed = framer.feed
             # The framer sees one stream of pieces, whether they came straight from the source
@@ -253,12 +274,33 @@ class RecordReader:
                       self._range_pieces(src, self._origin, end))
             for piece in pieces:
                 framing = True
+                if lent is not None:
+                    lent.release()
+                    lent = None
                 if piece.__class__ is int:  # read into the framer's rest_buffer()
                     records = framer.rest_filled(piece)
+                    small = False  # a large frame completed in place (for spans)
                 else:
                     if len(head) < _HEAD_BYTES:
                         head += piece[:_HEAD_BYTES - len(head)]
-                    records = feed(piece)
+                    if pairs is None or not small:
+                        records = feed(piece)
+                        framed = len(records)
+                    else:
+                        records, buffer, n, at = framer.feed_spans(piece, pairs)
+                        framed = n + len(records)
+                        if n:
+                            lent = RecordSpans(buffer, pairs[:2 * n])
+                            del buffer
+                            stats.records += n
+                            if at:
+                                stats.records += at
+                                first = [records[:at]]
+                                del records[:at]
+                                yield first.pop()
+                            yield lent
+                    if pairs is not None:  # spans for the next chunk if this one's were small
+                        small = framed > 0 and len(piece) <= SPAN_MEAN_MAX * framed
                 framing = False
                 stats.skipped_records = framer.skipped_records
                 stats.skipped_bytes = framer.skipped_bytes
@@ -271,6 +313,9 @@ class RecordReader:
                 if end is not None and framer.done:
                     break
             framing = True
+            if lent is not None:
+                lent.release()
+                lent = None
             records = framer.finish()
             if records:
                 stats.records += len(records)
@@ -282,6 +327,8 @@ class RecordReader:
                 raise
             raise hinted from exc
         finally:
+            if lent is not None:
+                lent.release()
             stats.skipped_records = framer.skipped_records
             stats.skipped_bytes = framer.skipped_bytes
             self.close()

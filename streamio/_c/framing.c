@@ -200,6 +200,100 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(scan_tfrecord_spans_doc,
+"scan_tfrecord_spans(buf, pos, end, verify, max_record_size, spans) -> (n, pos, status)\n\n"
+"Frame whole TFRecords from buf[pos:end] as scan_tfrecords does, but write each payload's\n"
+"(offset in buf, length) to the writable int64 buffer spans (two entries a record) instead\n"
+"of making a bytes object; stops with status OK once spans is full. Same frames, pos and\n"
+"status as streamio.formats.tfrecord.scan_tfrecord_spans (the reference).");
+
+static PyObject *py_scan_tfrecord_spans(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"buf", "pos", "end", "verify", "max_record_size", "spans", NULL};
+    PyObject *bufobj, *verify_obj, *limit_obj, *spans_obj;
+    Py_ssize_t pos, end, count = 0;
+    Py_buffer view, out = {0};
+    size_limit lim;
+    frame_span spans[SCAN_BATCH];
+    int status = ST_OK, verify;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOOO:scan_tfrecord_spans", kwlist, &bufobj,
+                                     &pos, &end, &verify_obj, &limit_obj, &spans_obj))
+        return NULL;
+    verify = PyObject_IsTrue(verify_obj);
+    if (verify < 0 || parse_limit(limit_obj, &lim) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(bufobj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(spans_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto fail;
+    if (out.itemsize != 8) {
+        PyErr_SetString(PyExc_ValueError, "spans must be a writable buffer of int64");
+        goto fail;
+    }
+    if (check_range(pos, end, view.len) < 0)
+        goto fail;
+    if ((const char *)out.buf < (const char *)view.buf + view.len &&
+        (const char *)view.buf < (const char *)out.buf + out.len) {
+        PyErr_SetString(PyExc_ValueError, "spans overlaps buf");
+        goto fail;
+    }
+
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    int64_t *dst = (int64_t *)out.buf;
+    Py_ssize_t cap = out.len / 16;
+    /* Frames are located a batch at a time, the batch no longer than the room left (each
+     * frame needs a pair), then their payload CRCs checked; the first mismatch ends the scan
+     * at its frame, as in scan_tfrecords. */
+    while (count < cap) {
+        int stopped;
+        Py_ssize_t next, payload;
+        Py_ssize_t room = cap - count;
+        int n = tfrecord_locate(buf, pos, end, verify, &lim, spans, &stopped, &status, &next,
+                                &payload);
+        int good = n;
+        if (verify) {
+            for (int i = 0; i < n; i++) {
+                const unsigned char *data = buf + spans[i].start;
+                uint32_t stored = load_le32(data + spans[i].length);
+                if (masked_crc(data, (size_t)spans[i].length) != stored) {
+                    good = i;
+                    break;
+                }
+            }
+        }
+        int take = good < room ? good : (int)room;
+        for (int i = 0; i < take; i++) {
+            dst[2 * (count + i)] = (int64_t)spans[i].start;
+            dst[2 * (count + i) + 1] = (int64_t)spans[i].length;
+        }
+        count += take;
+        if (take < good) { /* out of room: the next frame is whole and sound, left for later */
+            pos = spans[take].start - TFRECORD_HEADER;
+            status = ST_OK;
+            break;
+        }
+        if (good < n) {
+            pos = spans[good].start - TFRECORD_HEADER;
+            status = ST_BAD_DATA;
+            break;
+        }
+        pos = next;
+        if (n < SCAN_BATCH || stopped)
+            break;
+    }
+    if (count == cap)
+        status = ST_OK; /* full: what follows is not looked at (as in the reference) */
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nni)", count, pos, status);
+fail:
+    if (out.obj != NULL)
+        PyBuffer_Release(&out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * scan_recordio
  * ------------------------------------------------------------------------------------------- */
@@ -613,6 +707,8 @@ PyMethodDef framing_methods[] = {
      METH_VARARGS | METH_KEYWORDS, find_recordio_sync_doc},
     {"scan_tfrecords", (PyCFunction)(void (*)(void))py_scan_tfrecords, METH_VARARGS | METH_KEYWORDS,
      scan_tfrecords_doc},
+    {"scan_tfrecord_spans", (PyCFunction)(void (*)(void))py_scan_tfrecord_spans,
+     METH_VARARGS | METH_KEYWORDS, scan_tfrecord_spans_doc},
     {"scan_recordio", (PyCFunction)(void (*)(void))py_scan_recordio, METH_VARARGS | METH_KEYWORDS,
      scan_recordio_doc},
     {NULL, NULL, 0, NULL},

@@ -19,6 +19,13 @@
  * memory the item left long ago (a block's items were made a whole read earlier), most of what
  * mixing cost per record. A part someone else holds (a cache's block, a caller's list) is only
  * read, each item counted up, as before.
+ *
+ * Making, not placing: a part may also be a tuple (buffer, spans), records still in an input's
+ * read buffer at the (offset, length) int64 pairs of spans (a reader's RecordSpans). Each item
+ * taken from it is made here, a bytes object copied out of the buffer, so a mixed epoch makes
+ * its records in the order it hands them out (and frees them in that order), as an input read
+ * alone does, instead of placing records made a read earlier in each input's order. A pair
+ * outside its buffer is a ValueError.
  * ------------------------------------------------------------------------------------------- */
 
 #define MAX_PARTS 256
@@ -37,7 +44,9 @@ PyDoc_STRVAR(mix_take_doc,
 "    -> (out, end, short)\n\n"
 "From draw `begin` on (draws: a contiguous buffer of little-endian uint32), each draw u picks\n"
 "the first part k with u < bounds[k] (bounds: a contiguous buffer of uint64, one per part,\n"
-"non-decreasing, the last 2**32) and takes the next item of parts[k] (a list) from\n"
+"non-decreasing, the last 2**32) and takes the next item of parts[k] (a list, or a tuple\n"
+"(buffer, spans) whose items are bytes made from buffer at spans' (offset, length) int64\n"
+"pairs) from\n"
 "starts[k] (a list of ints, updated in place), appending it to `out` (a list, not one of the\n"
 "parts; None: a new list), which is returned. Stops after `limit` items, at the end of the\n"
 "draws, or before the first draw whose part has no item left: `short` is that part, else -1;\n"
@@ -84,6 +93,16 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
     unsigned char owned[MAX_PARTS];
     const unsigned char *origin_in[MAX_PARTS];
     PyObject *new_starts[MAX_PARTS] = {0};
+    /* Span parts: their buffers (two a part: the bytes, the pairs), where their bytes are,
+     * how many, and their pairs from the part's start. */
+    Py_buffer *sviews = NULL;
+    const char *span_base[MAX_PARTS];
+    Py_ssize_t span_len[MAX_PARTS];
+    const int64_t *span_pairs[MAX_PARTS];
+    int any_span = 0;
+    Py_ssize_t n = 0;
+    const unsigned char *d_first = NULL;
+    PyObject **slot = NULL;
 
     if (!PyArg_ParseTuple(args, "OnnOOOOO|O:mix_take", &draws_obj, &begin, &limit, &bounds_obj,
                           &parts, &starts, &origins, &origins_out_obj, &out_obj))
@@ -211,8 +230,11 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t k = 0; k < nparts; k++) {
         PyObject *part = PyList_GET_ITEM(parts, k), *start_obj = PyList_GET_ITEM(starts, k);
-        if (!PyList_Check(part)) {
-            PyErr_Format(PyExc_TypeError, "parts[%zd] must be a list", k);
+        span_base[k] = NULL;
+        int is_span = PyTuple_CheckExact(part) && PyTuple_GET_SIZE(part) == 2;
+        if (!PyList_Check(part) && !is_span) {
+            PyErr_Format(PyExc_TypeError, "parts[%zd] must be a list or a (buffer, spans) tuple",
+                         k);
             goto fail;
         }
         if (part == out) {
@@ -223,7 +245,30 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
             PyErr_Format(PyExc_TypeError, "starts[%zd] must be an int", k);
             goto fail;
         }
-        Py_ssize_t size = PyList_GET_SIZE(part), start = PyLong_AsSsize_t(start_obj);
+        Py_ssize_t size;
+        if (is_span) {
+            if (sviews == NULL) {
+                sviews = PyMem_Calloc((size_t)nparts * 2, sizeof(Py_buffer));
+                if (sviews == NULL) {
+                    PyErr_NoMemory();
+                    goto fail;
+                }
+            }
+            Py_buffer *bytes_view = &sviews[2 * k], *pairs_view = &sviews[2 * k + 1];
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(part, 0), bytes_view, PyBUF_SIMPLE) < 0)
+                goto fail;
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(part, 1), pairs_view, PyBUF_C_CONTIGUOUS) < 0)
+                goto fail;
+            if (pairs_view->itemsize != 8 || pairs_view->len % 16) {
+                PyErr_Format(PyExc_ValueError, "parts[%zd]'s spans must be int64 (offset, length)"
+                             " pairs", k);
+                goto fail;
+            }
+            size = pairs_view->len / 16;
+        } else {
+            size = PyList_GET_SIZE(part);
+        }
+        Py_ssize_t start = PyLong_AsSsize_t(start_obj);
         if (start == -1 && PyErr_Occurred())
             goto fail;
         if (start < 0 || start > size) {
@@ -240,19 +285,26 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         avail[k] = size - start;
         /* Only the parts list refers to it (an exact list: a subclass may keep its items in
          * sync with something else): its items move out. */
-        owned[k] = PyList_CheckExact(part) && Py_REFCNT(part) == 1;
+        owned[k] = !is_span && PyList_CheckExact(part) && Py_REFCNT(part) == 1;
         /* An empty list's (or buffer's) storage may be NULL: no offset from it (UB even + 0). */
-        items[k] = avail[k] ? PySequence_Fast_ITEMS(part) + start : NULL;
+        items[k] = avail[k] && !is_span ? PySequence_Fast_ITEMS(part) + start : NULL;
+        if (is_span) {
+            any_span = 1;
+            span_base[k] = sviews[2 * k].buf ? (const char *)sviews[2 * k].buf : "";
+            span_len[k] = sviews[2 * k].len;
+            span_pairs[k] = avail[k] ? (const int64_t *)sviews[2 * k + 1].buf + 2 * start : NULL;
+        }
         origin_in[k] = have_oout && avail[k] ? (const unsigned char *)oviews[k].buf + 8 * start
                                              : NULL;
     }
 
     const unsigned char *d = most ? (const unsigned char *)draws.buf + (size_t)begin * DRAW_BYTES
                                   : NULL;
+    d_first = d;
     unsigned char *origin_out = have_oout ? (unsigned char *)oout.buf : NULL;
     /* Room for `most` items after the `had` there (none: the storage may be NULL). */
-    PyObject **slot = most ? PySequence_Fast_ITEMS(out) + had : NULL;
-    Py_ssize_t n = 0, short_part = -1;
+    slot = most ? PySequence_Fast_ITEMS(out) + had : NULL;
+    Py_ssize_t short_part = -1;
     placed = 1; /* from here a failure gives back what was placed */
     for (; n < most; n++, d += DRAW_BYTES) {
         uint64_t u = (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16 |
@@ -263,13 +315,26 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
             short_part = k;
             break;
         }
-        PyObject *item = items[k][j];
-        if (!owned[k]) {
+        PyObject *item;
+        if (span_base[k] != NULL) {
+            int64_t offset = span_pairs[k][2 * j], length = span_pairs[k][2 * j + 1];
+            if (offset < 0 || length < 0 || offset > span_len[k] || length > span_len[k] - offset) {
+                PyErr_Format(PyExc_ValueError, "parts[%zd] item %zd lies outside its buffer", k,
+                             first[k] + j);
+                goto fail;
+            }
+            item = PyBytes_FromStringAndSize(span_base[k] + offset, (Py_ssize_t)length);
+            if (item == NULL)
+                goto fail;
+        } else {
+            item = items[k][j];
+            if (!owned[k]) {
 #if defined(__GNUC__) || defined(__clang__)
-            if (j + PREFETCH_AHEAD < avail[k])
-                __builtin_prefetch(items[k][j + PREFETCH_AHEAD], 1);
+                if (j + PREFETCH_AHEAD < avail[k])
+                    __builtin_prefetch(items[k][j + PREFETCH_AHEAD], 1);
 #endif
-            Py_INCREF(item);
+                Py_INCREF(item);
+            }
         }
         slot[n] = item;
         if (origin_out != NULL)
@@ -306,15 +371,28 @@ fail:
         /* Failed after placing: the items counted up are counted down, the moved ones left to
          * their parts, and out is as it was. */
         for (Py_ssize_t k = 0; k < nparts; k++) {
-            if (!owned[k]) {
+            if (!owned[k] && span_base[k] == NULL) {
                 for (Py_ssize_t j = 0; j < taken[k]; j++)
                     Py_DECREF(items[k][j]);
             }
+        }
+        /* The items made from span parts: the first n slots' draws say which. */
+        for (Py_ssize_t i = 0; any_span && i < n; i++) {
+            const unsigned char *e = d_first + (size_t)i * DRAW_BYTES;
+            uint64_t u = (uint64_t)e[0] | (uint64_t)e[1] << 8 | (uint64_t)e[2] << 16 |
+                         (uint64_t)e[3] << 24;
+            if (span_base[pick(bounds, nparts, u)] != NULL)
+                Py_DECREF(slot[i]);
         }
     }
     Py_XDECREF(out); /* a new list's unused room is never looked at */
     for (Py_ssize_t k = 0; k < MAX_PARTS; k++)
         Py_XDECREF(new_starts[k]);
+    for (Py_ssize_t k = 0; sviews != NULL && k < 2 * nparts; k++) {
+        if (sviews[k].obj != NULL)
+            PyBuffer_Release(&sviews[k]);
+    }
+    PyMem_Free(sviews);
     for (Py_ssize_t k = 0; k < norigins; k++)
         PyBuffer_Release(&oviews[k]);
     PyMem_Free(oviews);

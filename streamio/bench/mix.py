@@ -7,9 +7,11 @@ epochs of
 - ``alone``: ``Dataset([a, b])``, the two files read one after the other;
 - ``mixed``: ``streamio.mix([Dataset(a), Dataset(b)], [0.75, 0.25], stop="all_exhausted")``,
 
-the same records either way, in three pipelines: ``raw`` (records, no decoder), ``decoded``
-(the Example decoder, ``batch(256)``) and ``raw-16k`` (``--large-records`` records of 16 KiB,
-split the same way: per-record costs that dwarf the placement).
+the same records either way, in four pipelines: ``raw`` (records, no decoder), ``decoded``
+(the Example decoder, ``batch(256)``), ``raw-16k`` (``--large-records`` records of 16 KiB,
+split the same way: per-record costs that dwarf the placement) and ``raw-placed`` (``raw``
+with the mix placing records its inputs' readers made, the way before it made them in output
+order: ``streamio.pipeline.mix.SPANS = False``; what that change is worth, in the same run).
 
 Each pipeline runs in a fresh process of its own, as a training job runs one of them: a process
 that ran the other pipeline first would start from the heap that one left (the C allocator
@@ -87,6 +89,10 @@ def _write_pair(tmp: str, name: str, records: list) -> tuple:
 def _child(case: str, kind: str, a: str, b: str) -> int:
     """One process of a round: a warm-up epoch, then an epoch each time a line asks for one
     (its wall and CPU seconds, items and minor page faults, as a JSON line), until stdin ends."""
+    if case.endswith("-placed"):
+        from streamio.pipeline import mix as mix_module
+
+        mix_module.SPANS = False
     alone, mixed = _pipelines(a, b, case == "decoded")
     ds = alone if kind == "alone" else mixed
     _epoch_s(ds)
@@ -214,7 +220,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--large-records", type=int, default=8000)
-    # 144 pairs a pipeline: about 1.5 minutes for the three; the median's 95% interval is then
+    # 144 pairs a pipeline: about 2 minutes for the four; the median's 95% interval is then
     # about +-0.03 on the development VM, where a single pair's ratio spreads +-0.1.
     parser.add_argument("--rounds", type=int, default=12,
                         help="pairs of fresh processes (alone, mixed) per pipeline")
@@ -237,16 +243,16 @@ def main(argv=None) -> int:
               f" fresh processes, {args.epochs} epochs each by turns after one to warm up;"
               f" medians, ratios per pair of epochs (quartiles in brackets, then the median"
               f" ratio's 95% confidence interval)")
-        print(f"{'pipeline':9} {'alone_s':>8} {'mixed_s':>8} {'ratio':>6} {'quartiles':>11}"
+        print(f"{'pipeline':10} {'alone_s':>8} {'mixed_s':>8} {'ratio':>6} {'quartiles':>11}"
               f" {'ci95':>11}"
               f" {'alone_cpu':>9} {'mixed_cpu':>9} {'cpu_ratio':>9} {'alone_flt':>9}"
               f" {'mixed_flt':>9}")
         for name, first, second in (("raw", a, b), ("decoded", a, b),
-                                    ("raw-16k", big_a, big_b)):
+                                    ("raw-16k", big_a, big_b), ("raw-placed", a, b)):
             m = _measure(name, first, second, args.rounds, args.epochs)
             low, high = m["wall_quartiles"]
             sure_low, sure_high = m["wall_interval"]
-            print(f"{name:9} {m['wall'][0]:8.3f} {m['wall'][1]:8.3f} {m['wall_ratio']:6.2f}"
+            print(f"{name:10} {m['wall'][0]:8.3f} {m['wall'][1]:8.3f} {m['wall_ratio']:6.2f}"
                   f" {f'[{low:.2f}-{high:.2f}]':>11} {f'[{sure_low:.2f}-{sure_high:.2f}]':>11}"
                   f" {m['cpu'][0]:9.3f} {m['cpu'][1]:9.3f}"
                   f" {m['cpu_ratio']:9.2f} {m['faults'][0]:9.0f} {m['faults'][1]:9.0f}")

@@ -33,6 +33,49 @@ def as_bytes_view(chunk) -> memoryview:
     return view
 
 
+class RecordSpans:
+    """Records that still lie in a read buffer: a sequence of ``bytes`` made on demand.
+
+    ``buffer`` holds them at the ``(offset, length)`` pairs of ``spans`` (int64, two entries a
+    record). :meth:`LengthPrefixedFramer.feed_spans` frames them so, and
+    ``RecordReader.record_lists(spans=True)`` hands them to a consumer that makes each record
+    when it needs it (``streamio.mix`` makes them in the order it hands them out). Valid only
+    while the buffer holds those bytes: the reader releases ``buffer`` before it reads into it
+    again, after which any use raises ValueError rather than giving other bytes.
+    """
+
+    __slots__ = ("buffer", "spans")
+
+    def __init__(self, buffer, spans) -> None:
+        self.buffer = buffer
+        self.spans = spans
+
+    def __len__(self) -> int:
+        return len(self.spans) // 2
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("record index out of range")
+        offset, length = self.spans[2 * index], self.spans[2 * index + 1]
+        return bytes(self.buffer[offset:offset + length])
+
+    def __iter__(self):
+        return iter(self[:])
+
+    def tolist(self) -> list:
+        """The records as a list of ``bytes``."""
+        return self[:]
+
+    def release(self) -> None:
+        """End the records' life (the buffer is about to hold other bytes)."""
+        self.buffer.release()
+
+
 class LengthPrefixedFramer(FramerBase):
     """Base of framers whose records are ``header | payload | trailer`` with the length in the header."""
 
@@ -71,10 +114,18 @@ class LengthPrefixedFramer(FramerBase):
         self._seekbuf = bytearray()
         self._stop_at: Optional[int] = None
         self.done = False  # every record that starts in the range has been handed out
+        # feed_spans: the span buffer while it runs, and what it framed there.
+        self._span_out = None
+        self._span_result: Optional[tuple] = None
 
     # -- hooks --------------------------------------------------------------------------------
     def _scan(self, buf, pos: int, end: int, out: list) -> tuple[int, int]:
         raise NotImplementedError
+
+    #: ``_scan_spans(buf, pos, end, spans) -> (n, pos, status)``: the scan kernel writing
+    #: ``(offset, length)`` pairs to ``spans`` instead of records to a list, for
+    #: :meth:`feed_spans`; None: the format frames records into lists only.
+    _scan_spans = None
 
     def _frame_size(self, buf, pos: int) -> int:
         """Total size of the frame whose sound header starts at ``buf[pos]``."""
@@ -216,6 +267,42 @@ class LengthPrefixedFramer(FramerBase):
         else:
             self._feed(view, out)
         return out
+
+    def feed_spans(self, chunk, spans) -> tuple:
+        """:meth:`feed`, with the records framed where they lie in ``chunk`` left there.
+
+        ``spans``: a writable int64 buffer (two entries a record) the framer may fill. Returns
+        ``(records, buffer, n, at)``: the chunk's records in stream order are ``records[:at]``
+        (frames completed from earlier chunks), then the ``n`` records at the ``(offset,
+        length)`` pairs ``spans[:2 * n]`` of ``buffer`` (a view of the chunk's bytes, None when
+        ``n`` is 0), then ``records[at:]`` (what follows a fault, a frame that did not fit).
+        ``buffer`` holds them only while the chunk's bytes stay as they are. A format without
+        a span kernel, a byte range or a resynchronisation frames everything into ``records``.
+        Errors, counters and every record delivered are exactly those of :meth:`feed`.
+        """
+        if self._scan_spans is None or self._stop_at is not None:
+            records = self.feed(chunk)
+            return records, None, 0, len(records)
+        self._span_out, self._span_result = spans, None
+        try:
+            records = self.feed(chunk)
+            got = self._span_result
+        finally:
+            self._span_out = self._span_result = None
+        if got is None:
+            return records, None, 0, len(records)
+        buffer, n, at = got
+        return records, buffer, n, at
+
+    def _run_spans(self, buf, pos: int, out: list) -> None:
+        """:meth:`_run` for :meth:`feed_spans`: the whole frames from ``buf[pos]`` on go to the
+        span buffer, then :meth:`_run` frames the rest (a tail, a fault and what follows it)."""
+        n, after, status = self._scan_spans(buf, pos, len(buf), self._span_out)
+        if n:
+            self.records += n
+            self._consumed += after - pos
+            self._span_result = (buf, n, len(out))
+        self._run(buf, after, out)
 
     def finish(self) -> list[bytes]:
         self._raise_pending()
@@ -407,7 +494,10 @@ class LengthPrefixedFramer(FramerBase):
             view = memoryview(bytes(self._tail) + bytes(view[pos:]))
             self._tail = bytearray()
             pos = 0
-        self._run(view, pos, out)
+        if self._span_out is not None and not self._resync:
+            self._run_spans(view, pos, out)
+        else:
+            self._run(view, pos, out)
 
     def _junction_is_garbage(self, view, pos: int) -> bool:
         """Whether no sound header starts in the tail kept while resynchronising (< HEADER bytes),
@@ -512,6 +602,6 @@ class LengthPrefixedFramer(FramerBase):
 
 
 __all__ = [
-    "BAD_DATA", "BAD_HEADER", "LengthPrefixedFramer", "OK", "SPECIAL",
+    "BAD_DATA", "BAD_HEADER", "LengthPrefixedFramer", "OK", "RecordSpans", "SPECIAL",
     "TOO_LARGE", "UNCONFIRMED", "as_bytes_view",
 ]

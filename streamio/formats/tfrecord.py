@@ -67,6 +67,56 @@ def scan_tfrecords(buf, pos: int, end: int, verify: bool, max_record_size: int,
     return pos, OK
 
 
+def scan_tfrecord_spans(buf, pos: int, end: int, verify: bool, max_record_size: int,
+                       spans) -> tuple[int, int, int]:
+    """Frame whole records from ``buf[pos:end]`` as :func:`scan_tfrecords` does, writing each
+    payload's ``(offset in buf, length)`` to ``spans`` (a writable buffer of int64, two entries
+    a record) instead of making it a ``bytes``: the records stay in ``buf`` until someone makes
+    them (:class:`~streamio.formats._framing.RecordSpans`). Stops with ``OK`` once ``spans`` is
+    full. Returns ``(n, pos, status)``: ``n`` records framed. The reference implementation of
+    ``streamio._speedups.scan_tfrecord_spans``: identical results, same errors."""
+    out = memoryview(spans)
+    if out.readonly:
+        raise BufferError("Object is not writable.")
+    if out.itemsize != 8:
+        raise ValueError("spans must be a writable buffer of int64")
+    view = memoryview(buf)
+    if pos < 0:
+        raise ValueError(f"pos must be >= 0, not {pos}")
+    if end > view.nbytes:
+        raise ValueError(f"end {end} is past the end of the buffer ({view.nbytes} bytes)")
+    if _overlap(view, out):
+        raise ValueError("spans overlaps buf")
+    pairs = out.cast("B").cast("q")
+    cap = len(pairs) // 2
+    unpack = _HEADER.unpack_from
+    n = 0
+    while n < cap and end - pos >= HEADER_SIZE:
+        length, length_crc = unpack(buf, pos)
+        if verify and masked_crc32c(buf[pos:pos + 8]) != length_crc:
+            return n, pos, BAD_HEADER
+        if length > max_record_size:
+            return n, pos, TOO_LARGE
+        start = pos + HEADER_SIZE
+        stop = start + length
+        if stop + FOOTER_SIZE > end:
+            return n, pos, OK
+        if verify and masked_crc32c(buf[start:stop]) != _U32.unpack_from(buf, stop)[0]:
+            return n, pos, BAD_DATA
+        pairs[2 * n], pairs[2 * n + 1] = start, length
+        n += 1
+        pos = stop + FOOTER_SIZE
+    return n, pos, OK
+
+
+def _overlap(a: memoryview, b: memoryview) -> bool:
+    """Whether two buffers share memory (numpy tells, for any objects that export buffers)."""
+    import numpy as np
+
+    return bool(np.shares_memory(np.frombuffer(a.cast("B") if a.format != "B" else a, np.uint8),
+                                 np.frombuffer(b.cast("B"), np.uint8)))
+
+
 # Below this many bytes the loop beats numpy's set-up cost (the junction of two chunks, a
 # header probed at a range boundary): about 10 us against 0.2 us per offset.
 _LOOP_SPAN = 76
@@ -108,6 +158,10 @@ try:  # the C accelerator, if it was built; tests compare it with the reference 
     from .._speedups import scan_tfrecords as _fast_scan_tfrecords  # type: ignore
 except ImportError:  # pragma: no cover - depends on the build
     _fast_scan_tfrecords = _fast_find_tfrecord_sync = None
+try:
+    from .._speedups import scan_tfrecord_spans as _fast_scan_spans  # type: ignore
+except ImportError:  # pragma: no cover - depends on the build
+    _fast_scan_spans = None
 
 
 def encode_tfrecord(payload) -> bytes:
@@ -130,10 +184,15 @@ class TFRecordFramer(LengthPrefixedFramer):
         self.verify = bool(verify)
         fast = accelerate and _fast_scan_tfrecords is not None
         self._kernel = _fast_scan_tfrecords if fast else scan_tfrecords
+        self._spans_kernel = (_fast_scan_spans if fast and _fast_scan_spans is not None
+                              else scan_tfrecord_spans)
         self._sync_kernel = _fast_find_tfrecord_sync if fast else find_tfrecord_sync
 
     def _scan(self, buf, pos, end, out):
         return self._kernel(buf, pos, end, self.verify, self.max_record_size, out)
+
+    def _scan_spans(self, buf, pos, end, spans):
+        return self._spans_kernel(buf, pos, end, self.verify, self.max_record_size, spans)
 
     def _frame_size(self, buf, pos):
         return HEADER_SIZE + _HEADER.unpack_from(buf, pos)[0] + FOOTER_SIZE

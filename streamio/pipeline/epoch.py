@@ -118,6 +118,11 @@ class EpochRun:
         # The read size for sources not given one (a mix's share for an input, see
         # streamio.pipeline.mix); None: the reader's default. It never changes the records.
         self.read_size: Optional[int] = None
+        # Whether the blocks of read_sources() may be RecordSpans (records left in the read
+        # buffer, valid until the next block is asked for): only a consumer that makes or
+        # drops each block's records before asking for the next sets it (streamio.mix, for an
+        # input without stages). Sources read whole, without a CSV header, give them.
+        self.spans = False
 
     @classmethod
     def for_sources(cls, ds: Any, epoch: int, stats: EpochStats) -> "EpochRun":
@@ -226,11 +231,12 @@ class EpochRun:
             else:
                 reader = RecordReader(source, ds._format, **options)
             stats.reader_opened(reader.stats)
+            spans = self.spans and plan is None and not shares and not header_first
             try:
                 seen = 0  # records of this source so far
                 counters = [0] * len(shares)
                 base = ordinal << INDEX_BITS
-                for records in reader.record_lists():
+                for records in reader.record_lists(spans=spans):
                     self.names[ordinal] = reader.source_name
                     if header_first and seen == 0 and (plan is None or plan.byte_range[0] == 0):
                         self.use_header(records[0], reader.source_name)

@@ -20,27 +20,40 @@ the others' weights, renormalised (when the draws happen depends only on which i
 where, so this too is a function of the inputs).
 
 Cost: one pass (``mix_take``: the C accelerator's, else :func:`mix_take_reference`, its numpy
-specification) maps the draws to inputs and places their items, and their record origins when
-a decoder needs them, until an output block is full or an input's block is used up; Python
-runs once or a few times per block, no Python work per item. An input's block that only the
-mix holds (a reader's, handed over by the generators that made it: they keep no reference to
-what they yield) gives its items up to the output instead of having them counted, so placing
-a record does not touch it (counting it up, and down again when the input's block is freed,
-read memory the record had left a whole read earlier: a quarter fewer cache misses per epoch
-in the benchmark under valgrind's cache model); a block someone else holds (a cache's) is
-read, as before. Output blocks are about as long as
-the inputs' longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items). Without a
-decoder after the mix a block also ends where an input's block or the draws end (its records
-reach the consumer soonest, while they are still in the CPU's cache). With one (the mix's
-decoder, which decodes a block's batches in one call) the blocks all have one length, the next
-input block pulled in mid-block: the decoder then allocates the same sizes block after block,
-which the C allocator reuses (the items placed in a block wait for it to fill: an input slow to
-give its next block delays them by that wait, at most one block's worth, where the mix would
-wait for it before its next item anyway). Blocks cut where an input's block ended held 3 to
-17 batches of 256, and the heap grew and was given back to the system (glibc trims it beyond
-twice its largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an
-epoch against 1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs
-alone against 1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
+specification) maps the draws to inputs and places their items, and their record origins when a
+decoder needs them, until an output block is full or an input's block is used up; Python runs
+once or a few times per block, no Python work per item. An input that is its sources alone (no
+stage of its own) and reads TFRecord hands the kernel the records of each read where they lie
+(``RecordReader.record_lists(spans=True)``: the read buffer and each record's offset and
+length, its CRC checked by the scan), and the kernel makes each record (a bytes object) as it
+places it: records are then made, used and freed in the order the mix hands them out, as when
+one input is read alone, rather than made a read earlier in each input's order and interleaved
+(the allocator then fills the slots one input's consumed records left with the other's, and
+consecutive records of the output lie far apart). A read's block is used up before the reader
+is asked for the next, which reads into the same buffer (the reader releases the buffer first,
+so a block kept too long raises rather than gives other bytes). Inputs read that way only while
+their records are small (``reader.SPAN_MEAN_MAX``: making a record from its span is a second
+pass over its bytes); larger ones come as lists. On the benchmark's records (178 bytes) this
+took the mix from 1.16-1.18x its inputs read alone to 1.08-1.10x, and with a decoder after it
+from 1.12-1.13x to 0.97-1.03x (2026-11-27; docs/resume.md, "What it costs"). An input's block
+of records in a list that only the mix holds (a reader's, handed over by the generators that
+made it: they keep no reference to what they yield) gives its items up to the output instead of
+having them counted, so placing a record does not touch it (counting it up, and down again when
+the input's block is freed, read memory the record had left a whole read earlier: a quarter
+fewer cache misses per epoch in the benchmark under valgrind's cache model); a block someone
+else holds (a cache's) is read, as before. Output blocks are about as long as the inputs'
+longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items). Without a decoder after
+the mix a block also ends where an input's block or the draws end (its records reach the
+consumer soonest, while they are still in the CPU's cache). With one (the mix's decoder, which
+decodes a block's batches in one call) the blocks all have one length, the next input block
+pulled in mid-block: the decoder then allocates the same sizes block after block, which the C
+allocator reuses (the items placed in a block wait for it to fill: an input slow to give its
+next block delays them by that wait, at most one block's worth, where the mix would wait for it
+before its next item anyway). Blocks cut where an input's block ended held 3 to 17 batches of
+256, and the heap grew and was given back to the system (glibc trims it beyond twice its
+largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an epoch against
+1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs alone against
+1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
 ``MAX_SLICE`` items), plus each input's current block and read buffer. An input not given its
 own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
 mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
@@ -70,6 +83,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..errors import UsageError, UsageTypeError
+from ..formats._framing import RecordSpans
 from ..reader import DEFAULT_READ_SIZE
 from .dataset import Dataset, _check_seed
 from .epoch import INDEX_BITS, EpochRun, takes_header
@@ -91,6 +105,10 @@ MIN_SLICE = 64
 MAX_SLICE = 8192
 #: The smallest read an input's share of the read size comes to (a pipe buffer's worth).
 MIN_READ_SIZE = 64 * 1024
+#: Whether an input that is its sources alone hands the kernel its records where they lie in
+#: its reads (made in output order, see the module's docstring); False: as lists its reader
+#: made, the earlier way (the same items, in the same order), kept to compare the two.
+SPANS = True
 # Keys the derived input seeds apart from any other use of the mix's seed.
 _INPUT_SEED_SALT = 0x6D6978
 
@@ -238,6 +256,10 @@ class _Input:
     def __init__(self, ds: Any, outer: Any, base: int, read_size: int, track: bool) -> None:
         self.run = EpochRun(ds, outer.epoch, outer.stats)  # its counters are the mix's
         self.run.read_size = read_size  # for its sources not given one
+        # An input that is its sources alone gives the records of its reads where they lie
+        # (RecordSpans): the kernel makes them in output order, and uses up a block before
+        # the next is asked for (see the module's docstring).
+        self.run.spans = SPANS and not ds._stages and ds._feed is None
         if track:
             self.run.track_ids = True
         self.blocks = self.run.build()
@@ -245,16 +267,19 @@ class _Input:
         self.base = base  # its source numbers in the mix's record origins
         self.track = track
         self.ids: Optional[np.ndarray] = None
+        self.length = 0  # of the block next_block last gave
         self.done = False
         self.error: Optional[BaseException] = None
         self.names_seen = 0
         self.header = outer.decoder is not None and takes_header(outer.decoder)
 
-    def next_block(self) -> Optional[list]:
-        """The input's next non-empty block (its record origins in :attr:`ids`); None once
-        the input has ended or failed. Not kept here: the caller's ``parts`` list is then the
-        only holder of a block the input's generators handed over, and the kernel moves its
-        items out instead of counting them (see ``streamio/_c/mix.c``)."""
+    def next_block(self) -> Optional[Any]:
+        """The input's next non-empty block as the kernel takes it (a list, or a reader's
+        records still in its buffer as a ``(buffer, spans)`` tuple), its length in
+        :attr:`length` and its record origins in :attr:`ids`; None once the input has ended or
+        failed. Not kept here: the caller's ``parts`` list is then the only holder of a block
+        the input's generators handed over, and the kernel moves its items out instead of
+        counting them (see ``streamio/_c/mix.c``)."""
         while not self.done:
             try:
                 items, ids = next(self.blocks)
@@ -268,7 +293,10 @@ class _Input:
             self._learn_names()
             if not len(items):
                 continue
-            if not isinstance(items, list):
+            self.length = len(items)
+            if items.__class__ is RecordSpans:
+                items = (items.buffer, items.spans)
+            elif not isinstance(items, list):
                 items = list(items)
             if self.track:
                 if ids is None:  # no origins from this input: name its first source
@@ -393,7 +421,7 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                     break
                 if track:
                     origins[short] = inputs[short].ids
-                longest = max(longest, len(parts[short]))
+                longest = max(longest, inputs[short].length)
             if ended is None:
                 continue
             failed = inputs[ended].error
@@ -464,9 +492,11 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
 
     From draw ``begin`` on (``draws``: little-endian uint32), each draw ``u`` picks the first
     part ``k`` with ``u < bounds[k]`` (``bounds``: uint64, one per part, non-decreasing, the
-    last 2**32) and takes the next item of ``parts[k]`` (a list) from ``starts[k]`` (updated in
-    place), appending it to ``out`` (a list, not one of the parts; None: a new list). It stops
-    after ``limit`` items, at the end of the draws, or before the first draw whose part holds
+    last 2**32) and takes the next item of ``parts[k]`` (a list, or a tuple ``(buffer, spans)``
+    whose items are ``bytes`` made from ``buffer`` at the ``(offset, length)`` int64 pairs of
+    ``spans``: records still in a reader's buffer) from ``starts[k]`` (updated in place),
+    appending it to ``out`` (a list, not one of the parts; None: a new list). It stops after
+    ``limit`` items, at the end of the draws, or before the first draw whose part holds
     no item left. Returns ``(out, end, short)``: ``end`` the first draw not used, ``short`` the
     part that ran out (else -1). ``origins`` (None, or one int64 buffer per part, as long as
     it) gives the items' origins, written to ``origins_out[:n]`` for the ``n`` items taken.
@@ -518,32 +548,50 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
             if view.itemsize != 8:
                 raise ValueError(f"origins[{k}] must be a buffer of int64")
             sources.append(np.frombuffer(view.cast("B"), dtype=np.int64))
+    spans: dict = {}  # span parts: k -> (bytes view, int64 pairs)
     for k, (part, start) in enumerate(zip(parts, starts)):
-        if not isinstance(part, list):
-            raise TypeError(f"parts[{k}] must be a list")
+        if type(part) is tuple and len(part) == 2:
+            spans[k] = _span_part(k, part)
+        elif not isinstance(part, list):
+            raise TypeError(f"parts[{k}] must be a list or a (buffer, spans) tuple")
         if part is out:
             raise ValueError(f"out is parts[{k}]")
         if type(start) is not int:
             raise TypeError(f"starts[{k}] must be an int")
-        if not 0 <= start <= len(part):
-            raise ValueError(f"starts[{k}] is {start}, outside parts[{k}] of {len(part)} items")
-        if sources is not None and len(sources[k]) != len(part):
-            raise ValueError(f"origins[{k}] has {len(sources[k])} entries for {len(part)} items")
+        size = len(spans[k][1]) // 2 if k in spans else len(part)
+        if not 0 <= start <= size:
+            raise ValueError(f"starts[{k}] is {start}, outside parts[{k}] of {size} items")
+        if sources is not None and len(sources[k]) != size:
+            raise ValueError(f"origins[{k}] has {len(sources[k])} entries for {size} items")
     draw = np.frombuffer(raw.cast("B"), dtype="<u4", count=most, offset=begin * _DRAW_BYTES)
     choices = np.searchsorted(bound, draw.astype(np.uint64), side="right")
     n, short = most, -1
     for k in np.unique(choices).tolist():
-        held = len(parts[k]) - starts[k]
+        held = (len(spans[k][1]) // 2 if k in spans else len(parts[k])) - starts[k]
         where = np.flatnonzero(choices == k)
         if len(where) > held and where[held] < n:  # its held-th choice finds none left
             n, short = int(where[held]), k
     choices = choices[:n]
     counts = np.bincount(choices, minlength=nparts)
+    # A span outside its buffer: an error at the first draw that takes one (nothing changes).
+    bad = None
+    for k, (data, pairs) in spans.items():
+        for i in range(int(counts[k])):
+            j = starts[k] + i
+            offset, length = pairs[2 * j], pairs[2 * j + 1]
+            if offset < 0 or length < 0 or offset > data.nbytes or length > data.nbytes - offset:
+                where = int(np.flatnonzero(choices == k)[i])
+                if bad is None or where < bad[0]:
+                    bad = (where, k, j)
+                break
+    if bad is not None:
+        raise ValueError(f"parts[{bad[1]}] item {bad[2]} lies outside its buffer")
     # Grouped by part, in order within each: where the concatenated parts go.
     order = np.argsort(choices, kind="stable")
     items = np.empty(n, dtype=object)
     items[order] = np.fromiter(itertools.chain.from_iterable(
-        part[start:start + count] for part, start, count in zip(parts, starts, counts)),
+        (_made(*spans[k], start, count) if k in spans else part[start:start + count])
+        for k, (part, start, count) in enumerate(zip(parts, starts, counts))),
         dtype=object, count=n)
     if sources is not None:
         placed = np.frombuffer(memoryview(origins_out).cast("B"), dtype=np.int64)
@@ -556,6 +604,26 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
         out = []
     out += items.tolist()
     return out, begin + n, short
+
+
+def _span_part(k: int, part: tuple) -> tuple:
+    """A ``(buffer, spans)`` part's bytes and pairs, checked as the kernel checks them."""
+    data = memoryview(part[0])
+    if not data.contiguous:
+        raise BufferError("memoryview: underlying buffer is not contiguous")
+    data = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    pairs = memoryview(part[1])
+    if not pairs.c_contiguous:
+        raise BufferError("memoryview: underlying buffer is not C-contiguous")
+    if pairs.itemsize != 8 or pairs.nbytes % 16:
+        raise ValueError(f"parts[{k}]'s spans must be int64 (offset, length) pairs")
+    return data, pairs.cast("B").cast("q")
+
+
+def _made(data: memoryview, pairs: memoryview, start: int, count: int) -> list:
+    """Items ``start:start + count`` of a span part, as bytes."""
+    return [bytes(data[pairs[2 * j]:pairs[2 * j] + pairs[2 * j + 1]])
+            for j in range(start, start + count)]
 
 
 def _fast_take() -> Any:

@@ -98,6 +98,11 @@ def scan_tfrecords_seeds(rng: random.Random) -> List[bytes]:
                                              on_error_skip=True))
         seeds.append(T.encode_scan_tfrecords(stream, whole=False, verify=False, pos=3,
                                              end=len(stream) - 5))
+        # The span kernel with room for a few records, and framers fed through feed_spans.
+        seeds.append(T.encode_scan_tfrecords(stream, framer=True, cut_seed=i, room=1 + i % 5,
+                                             on_error_skip=i % 2 == 0))
+        seeds.append(T.encode_scan_tfrecords(_flip(stream, rng), framer=True, cut_seed=i,
+                                             room=63, on_error_skip=True))
     return seeds
 
 
@@ -322,6 +327,10 @@ def mix_take_seeds(rng: random.Random) -> List[bytes]:
             # Parts held elsewhere too (read, not moved), and a list given to append to.
             seeds.append(T.encode_mix_take(sizes, starts, cuts, draws, origins=origins,
                                            shared=True, into=rng.randint(1, 7)))
+            # Records in buffers (made by the kernel), one past its buffer.
+            seeds.append(T.encode_mix_take(sizes, starts, cuts, draws, origins=origins,
+                                           spans=True))
+            seeds.append(T.encode_mix_take(sizes, [0] * k, cuts, draws, spans=True, raw=True))
     return seeds
 
 

@@ -120,18 +120,54 @@ def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int]) -> list:
     return events
 
 
+def run_framer_spans(make: Callable[[], Any], data: bytes, cuts: List[int], room: int) -> list:
+    """:func:`run_framer` through ``feed_spans`` (a span buffer of ``room`` records): each
+    chunk's records made from its three parts in order, right after the call (the span buffer
+    and the chunk are reused for the next), so the events must equal :func:`run_framer`'s."""
+    from streamio.errors import FormatError
+
+    framer = make()
+    events: list = []
+    pairs = memoryview(bytearray(16 * room)).cast("q")
+    chunk = bytearray()
+    pieces = [data[pos:cut] for pos, cut in zip([0] + cuts, cuts + [len(data)])]
+    for piece in pieces + [None]:
+        try:
+            if piece is None:
+                records = framer.finish()
+            else:
+                chunk[:] = piece  # one buffer, overwritten by the next piece (as a reader's)
+                records, buffer, n, at = framer.feed_spans(memoryview(chunk), pairs)
+                if n:
+                    made = [bytes(buffer[pairs[2 * i]:pairs[2 * i] + pairs[2 * i + 1]])
+                            for i in range(n)]
+                    records = records[:at] + made + records[at:]
+                    buffer.release()  # nothing may hold it: the reader releases it so
+                    del buffer
+        except FormatError as err:
+            events.append(("error", type(err), err.offset, err.record_index, str(err)))
+            break
+        events.append(("records", records))
+    events.append(("counters", framer.records, framer.skipped_records, framer.skipped_bytes))
+    return events
+
+
 def encode_scan_tfrecords(stream: bytes, *, verify: bool = True, wrap: int = 0, limit: int = 0,
                           whole: bool = True, framer: bool = False, pos: int = 0, end: int = 0,
-                          on_error_skip: bool = False, cut_seed: int = 0) -> bytes:
+                          on_error_skip: bool = False, cut_seed: int = 0, room: int = 0
+                          ) -> bytes:
     flags = verify | wrap << 1 | limit << 3 | (WHOLE if whole else 0) | (FRAMER if framer else 0)
-    return struct.pack("<BHHBB", flags, pos, end, on_error_skip, cut_seed) + stream
+    options = on_error_skip | (room & 63) << 2
+    return struct.pack("<BHHBB", flags, pos, end, options, cut_seed) + stream
 
 
 def run_scan_tfrecords(ck: ModuleType, data: bytes) -> None:
     """Input: ``flags u8 | pos u16 | end u16 | on_error u8 | cut seed u8 | stream``. flags: bit 0
     verify, bits 1-2 buffer type, bits 3-5 limit, bit 6 whole buffer, bit 7 also compare whole
-    framers (accelerate=True vs False) fed the stream in pieces."""
-    from streamio.formats.tfrecord import TFRecordFramer, scan_tfrecords
+    framers (accelerate=True vs False, and through feed_spans) fed the stream in pieces. Also
+    scan_tfrecord_spans (room for ``on_error >> 2`` records, 0-63) against its reference and
+    against scan_tfrecords."""
+    from streamio.formats.tfrecord import TFRecordFramer, scan_tfrecord_spans, scan_tfrecords
 
     inp = Input(data)
     flags = inp.byte()
@@ -147,6 +183,19 @@ def run_scan_tfrecords(ck: ModuleType, data: bytes) -> None:
     expect_equal("(pos, status)", fast, ref)
     expect_equal("records", c_out, ref_out)
     expect_equal("record types", {type(r) for r in c_out} - {bytes}, set())
+    room = on_error >> 2
+    spans = [np.full(2 * room, -1, np.int64) for _ in range(2)]
+    got = [fn(wrap(stream), pos, end, verify, limit, out)
+           for fn, out in zip((ck.scan_tfrecord_spans, scan_tfrecord_spans), spans)]
+    expect_equal("spans (n, pos, status)", got[0], got[1])
+    expect_equal("spans", spans[0].tolist(), spans[1].tolist())
+    n = got[0][0]
+    made = [stream[o:o + size] for o, size in spans[0][:2 * n].reshape(-1, 2).tolist()]
+    if n < room:  # room to spare: the same frames, pos and status as scan_tfrecords
+        expect_equal("spans against scan_tfrecords", (made, got[0][1:]), (ref_out, ref))
+    else:  # full: the first `room` of them, stopped with OK (what follows is not looked at)
+        expect_equal("spans against scan_tfrecords (full)", (made, got[0][2]),
+                     (ref_out[:room], 0))
     if flags & FRAMER:
         skip = "skip" if on_error & 1 else "raise"
         small = 1 << 28 if on_error & 2 == 0 else 100
@@ -156,6 +205,10 @@ def run_scan_tfrecords(ck: ModuleType, data: bytes) -> None:
                            stream, cuts)
                 for accelerate in (True, False)]
         expect_equal(f"framer events (on_error={skip}, cuts={cuts})", runs[0], runs[1])
+        spanned = run_framer_spans(partial(TFRecordFramer, verify=verify, on_error=skip,
+                                           max_record_size=small, source="s"),
+                                   stream, cuts, max(1, room))
+        expect_equal(f"framer events through feed_spans (cuts={cuts})", spanned, runs[0])
 
 
 def encode_scan_recordio(stream: bytes, *, wrap: int = 0, limit: int = 0, whole: bool = True,
@@ -470,11 +523,14 @@ MIX_END = 1 << 32
 
 def encode_mix_take(sizes: Sequence[int], starts: Sequence[int], cuts: Sequence[int],
                     draws: Sequence[int], *, begin: int = 0, limit: int = 64,
-                    origins: bool = False, shared: bool = False, into: int = 0) -> bytes:
+                    origins: bool = False, shared: bool = False, into: int = 0,
+                    spans: bool = False, raw: bool = False) -> bytes:
     """Parts of ``sizes`` items (each < 256) from ``starts``, bounds ``cuts`` (one fewer than
     the parts; sorted by the decoder), then the draws (uint32). ``shared``: the parts are also
-    held elsewhere (read, not moved); ``into``: a list of that many items (1-7) to append to."""
-    flags = origins | shared << 3 | (into & 7) << 4
+    held elsewhere (read, not moved); ``into``: a list of that many items (1-7) to append to;
+    ``spans``: the odd parts are records in a buffer; ``raw``: starts as given (one past its
+    part is refused) and a span part's last pair past its buffer."""
+    flags = origins | raw << 2 | shared << 3 | (into & 7) << 4 | spans << 7
     head = bytes([len(sizes) - 1, flags, begin, limit])
     head += b"".join(bytes([n, s]) for n, s in zip(sizes, starts))
     return head + b"".join(struct.pack("<I", c) for c in cuts) + struct.pack(
@@ -487,8 +543,10 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     int64 array per part), bit 1: a raw cut (unsorted, or past 2**32: refused), bit 2: a start
     past its part (refused), bit 3: the parts are held elsewhere too (the kernel reads them;
     else it moves the taken items out, None in their slots), bits 4-6: the items go into a
-    given list already holding that many. Reference: ``mix_take_reference``, on its own copy
-    of the parts."""
+    given list already holding that many, bit 7: the odd parts are records in a buffer (a
+    ``(buffer, spans)`` tuple, whose items the kernel makes; with bit 2, the last pair of each
+    points past the buffer: refused when taken). Reference: ``mix_take_reference``, on its own
+    copy of the parts."""
     from streamio.pipeline.mix import mix_take_reference
 
     inp = Input(data)
@@ -509,6 +567,17 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     draws = inp.rest()
     begin = min(begin, len(draws) // 4 + 1)  # mostly in range, sometimes one past the end
     blocks = [[("item", j, i) for i in range(size)] for j, size in enumerate(sizes)]
+    spanned = [bool(flags & 128) and j % 2 == 1 for j in range(k)]
+    records = [[b"%d.%d" % (j, i) * (i % 3) for i in range(size)] for j, size in enumerate(sizes)]
+    buffers = [bytes(b"".join(block)) for block in records]
+    pairs = []
+    for j, block in enumerate(records):
+        lengths = np.array([len(r) for r in block], dtype=np.int64)
+        offsets = np.cumsum(lengths) - lengths
+        pair = np.stack([offsets, lengths], axis=1).reshape(-1)
+        if flags & 4 and len(block):
+            pair[-2] = len(buffers[j]) + 1  # past the buffer
+        pairs.append(pair)
     origins = ([np.arange(size, dtype=np.int64) * 256 + j for j, size in enumerate(sizes)]
                if flags & 1 else None)
     shared, into = bool(flags & 8), (flags >> 4) & 7
@@ -519,7 +588,8 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     for fn in (ck.mix_take, mix_take_reference):
         given = list(starts)
         out = None if origins is None else np.full(limit, -1, dtype=np.int64)
-        parts = [list(block) for block in blocks]  # held by `parts` alone, unless shared
+        parts = [(buffers[j], pairs[j]) if spanned[j] else list(block)  # held by `parts`
+                 for j, block in enumerate(blocks)]                      # alone, unless shared
         others = list(parts) if shared else None
         extra = (list(held),) if into else ()
         try:
@@ -527,17 +597,17 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
                                    *extra)
         except (TypeError, ValueError) as exc:
             runs.append(("error", type(exc).__name__, str(exc), given))
-            untouched = parts == blocks
+            untouched = all(part == blocks[j] for j, part in enumerate(parts) if not spanned[j])
         else:
             if into and items is not extra[0]:
                 raise Mismatch(f"{fn.__name__} did not return the list it was given")
-            runs.append(([id(x) for x in items], end, short, given,
+            runs.append(([x if type(x) is bytes else id(x) for x in items], end, short, given,
                          None if out is None else out.tolist()))
             # The kernel moves what it took out of parts only it holds; else parts stay.
             moved = fn is ck.mix_take and not shared
             untouched = all(
                 x is None if moved and starts[j] <= i < given[j] else x is blocks[j][i]
-                for j, part in enumerate(parts) for i, x in enumerate(part))
+                for j, part in enumerate(parts) if not spanned[j] for i, x in enumerate(part))
             del items
         if not untouched:
             raise Mismatch(f"{fn.__name__} left parts other than it should")
@@ -946,7 +1016,7 @@ class Target:
 
 
 TARGETS: Dict[str, Target] = {t.name: t for t in [
-    Target("scan_tfrecords", ("scan_tfrecords",), run_scan_tfrecords,
+    Target("scan_tfrecords", ("scan_tfrecords", "scan_tfrecord_spans"), run_scan_tfrecords,
            ("streamio.formats.tfrecord",)),
     Target("scan_recordio", ("scan_recordio",), run_scan_recordio,
            ("streamio.formats.recordio",)),

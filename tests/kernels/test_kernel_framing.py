@@ -27,12 +27,12 @@ from streamio.formats import _framing  # noqa: E402
 from streamio.formats.recordio import (MAGIC_BYTES, RecordIOFramer,  # noqa: E402
                                        _find_recordio_sync_loop, find_recordio_sync, scan_recordio)
 from streamio.formats.tfrecord import (TFRecordFramer, _find_tfrecord_sync_loop,  # noqa: E402
-                                       find_tfrecord_sync, scan_tfrecords)
+                                       find_tfrecord_sync, scan_tfrecord_spans, scan_tfrecords)
 from streamio.formats._tfrecord_sync import find_tfrecord_sync_numpy  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
 # Every result, error and counter a user can see, from data fed in pieces: the fuzz harness's.
-from targets import run_framer  # noqa: E402
+from targets import run_framer, run_framer_spans  # noqa: E402
 
 SLOW_OK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                          HealthCheck.data_too_large])
@@ -123,6 +123,83 @@ def test_scan_tfrecords_equals_reference(data, verify, limit, wrap, draw):
     assert fast == ref
     assert c_out == ref_out
     assert all(type(r) is bytes for r in c_out)
+
+
+@SLOW_OK
+@given(data=any_tfrecord, verify=st.booleans(), limit=limits, wrap=buffer_types,
+       room=st.one_of(st.integers(0, 4), st.just(1000)), draw=st.data())
+def test_scan_tfrecord_spans_equals_reference_and_frames_what_scan_tfrecords_frames(
+        data, verify, limit, wrap, room, draw):
+    """The span kernel and its reference agree; with room to spare they frame the records,
+    pos and status of scan_tfrecords; once full they stop there with OK."""
+    pos, end = draw.draw(pos_end(len(data)))
+    spans = [np.full(2 * room, -1, np.int64) for _ in range(2)]
+    fast = speedups.scan_tfrecord_spans(wrap(data), pos, end, verify, limit, spans[0])
+    ref = scan_tfrecord_spans(wrap(data), pos, end, verify, limit, spans[1])
+    assert fast == ref
+    assert spans[0].tolist() == spans[1].tolist()
+    n, after, status = fast
+    made = [data[o:o + size] for o, size in spans[0][:2 * n].reshape(-1, 2).tolist()]
+    listed: list = []
+    scanned = scan_tfrecords(data, pos, end, verify, limit, listed)
+    if n < room:
+        assert (made, (after, status)) == (listed, scanned)
+    else:
+        assert (made, status) == (listed[:room], _framing.OK)
+
+
+def test_scan_tfrecord_spans_checks_its_arguments():
+    stream = tfrecord_stream([b"abc", b"de"])
+    for fn in (speedups.scan_tfrecord_spans, scan_tfrecord_spans):
+        assert fn(stream, 0, len(stream), True, 100, np.zeros(8, np.int64)) == (
+            2, len(stream), _framing.OK)
+        with pytest.raises(BufferError):
+            fn(stream, 0, len(stream), True, 100, b"\0" * 16)
+        with pytest.raises(ValueError, match="int64"):
+            fn(stream, 0, len(stream), True, 100, np.zeros(4, np.int32))
+        with pytest.raises(ValueError, match="past the end"):
+            fn(stream, 0, len(stream) + 1, True, 100, np.zeros(8, np.int64))
+        shared = bytearray(stream + bytes(64))
+        with pytest.raises(ValueError, match="spans overlaps buf"):
+            fn(shared, 0, len(stream), True, 100, memoryview(shared)[len(stream):].cast("q"))
+
+
+@SLOW_OK
+@given(data=any_tfrecord, on_error=st.sampled_from(["raise", "skip"]), verify=st.booleans(),
+       limit=st.sampled_from([1 << 28, 100]), room=st.one_of(st.integers(1, 3), st.just(4096)),
+       accelerate=st.booleans(), draw=st.data())
+def test_tfrecord_framer_through_feed_spans_gives_what_feed_gives(data, on_error, verify, limit,
+                                                                 room, accelerate, draw):
+    """The same records in the same order, the same errors and counters, whichever way the
+    records of each chunk come (completed from earlier chunks, left in the chunk as spans, or
+    after a fault or a full span buffer): the chunk buffer is overwritten between feeds."""
+    cuts = sorted_cuts(draw, data)
+
+    def make():
+        return TFRecordFramer(verify=verify, on_error=on_error, max_record_size=limit,
+                              source="s", accelerate=accelerate)
+
+    assert run_framer_spans(make, data, cuts, room) == run_framer(make, data, cuts)
+
+
+def test_feed_spans_leaves_a_chunks_whole_records_in_it():
+    records = [bytes([i]) * (i * 7) for i in range(30)]
+    stream = tfrecord_stream(records)
+    framer = TFRecordFramer()
+    pairs = np.zeros(200, np.int64)
+    cut = len(tfrecord_stream(records[:10])) + 5  # inside record 10
+    first, buffer, n, at = framer.feed_spans(stream[:cut], pairs)
+    assert (first, n, at) == ([], 10, 0)
+    assert [bytes(buffer[o:o + size]) for o, size in pairs[:20].reshape(-1, 2)] == records[:10]
+    rest, buffer, n, at = framer.feed_spans(stream[cut:], pairs)
+    assert rest[:at] == records[10:11] and rest[at:] == [] and n == 19  # record 10 completed
+    assert [bytes(buffer[o:o + size]) for o, size in pairs[:38].reshape(-1, 2)] == records[11:]
+    assert framer.finish() == [] and framer.records == 30
+    # A format without a span kernel frames everything into the list.
+    recordio = RecordIOFramer()
+    stream = recordio_stream(records)
+    got, buffer, n, at = recordio.feed_spans(stream, pairs)
+    assert (buffer, n, at) == (None, 0, len(got)) and got + recordio.finish() == records
 
 
 @SLOW_OK

@@ -206,8 +206,12 @@ def test_mix_take_checks_its_arguments():
             call(starts=[3])
         with pytest.raises(TypeError, match=r"starts\[0\] must be an int"):
             call(starts=[True])
-        with pytest.raises(TypeError, match=r"parts\[0\] must be a list"):
-            call(parts=[(1, 2)])
+        with pytest.raises(TypeError, match=r"parts\[0\] must be a list or a \(buffer, spans"):
+            call(parts=[(1, 2, 3)])
+        with pytest.raises(ValueError, match=r"parts\[0\]'s spans must be int64 \(offset, len"):
+            call(parts=[(b"abc", np.zeros(3, np.int64))])
+        with pytest.raises(ValueError, match=r"parts\[0\]'s spans must be int64 \(offset, len"):
+            call(parts=[(b"abc", np.zeros(4, np.int32))])
         with pytest.raises(TypeError, match="must be lists"):
             call(parts=([1, 2],))
 

@@ -89,6 +89,61 @@ def test_the_numpy_fallback_places_items_as_the_c_kernel_does(ab, monkeypatch):
     assert epoch() == fast
 
 
+def test_records_made_in_output_order_are_the_records_placed_the_earlier_way(tmp_path,
+                                                                              monkeypatch):
+    """Inputs that are their sources alone hand the kernel their reads' records where they lie
+    (it makes them in output order): the same items, order, errors and record origins as when
+    their readers make them first (mix.SPANS = False), for small and large records (completed
+    in place), damaged records skipped, a gzip input, a decoder after the mix, and an error."""
+    from streamio.pipeline import mix as mix_module
+
+    rng = np.random.default_rng(3)
+    sizes = rng.choice([0, 40, 178, 3000, 30_000], size=3000, p=[.05, .55, .385, .012, .003])
+    records = [rng.bytes(int(n)) for n in sizes]
+    a, b = str(tmp_path / "a.tfrecord"), str(tmp_path / "b.tfrecord.gz")
+    streamio.write_records(a, "tfrecord", records[:2000])
+    streamio.write_records(b[:-3], "tfrecord", records[2000:])
+    open(b, "wb").write(gzip.compress(open(b[:-3], "rb").read()))
+    damaged = bytearray(open(a, "rb").read())
+    for at in rng.integers(0, len(damaged), 6):
+        damaged[int(at)] ^= 0x5A
+    c = str(tmp_path / "c.tfrecord")
+    open(c, "wb").write(bytes(damaged))
+    examples = write_id_examples(tmp_path / "e.tfrecord", range(3000))
+    more = write_id_examples(tmp_path / "f.tfrecord", range(3000, 4000))
+
+    def epochs():
+        plain = [streamio.Dataset(a, "tfrecord", read_size=8192), streamio.Dataset(b, "tfrecord"),
+                 streamio.Dataset(c, "tfrecord", on_error="skip", read_size=65536)]
+        yield list(streamio.mix(plain, [0.5, 0.3, 0.2], seed=1, stop="all_exhausted"))
+        decoded = [streamio.Dataset(examples, "tfrecord", decoder=ID_X, read_size=4096),
+                   streamio.Dataset(more, "tfrecord", decoder=ID_X)]
+        yield _ids(streamio.mix(decoded, seed=2, stop="all_exhausted").batch(32))
+        strict = [streamio.Dataset(c, "tfrecord", read_size=8192), streamio.Dataset(a, "tfrecord")]
+        got = []
+        with pytest.raises(CorruptRecordError) as info:
+            for record in streamio.mix(strict, seed=4):
+                got.append(record)
+        yield got, info.value.offset, info.value.record_index
+
+    kinds = collections.Counter()
+    take = mix_module._TAKE
+
+    def seeing(*args, **kwargs):  # the real kernel, counting the kinds of parts it is given
+        kinds.update(type(part).__name__ for part in args[4])
+        return take(*args, **kwargs)
+
+    monkeypatch.setattr(mix_module, "_TAKE", seeing)
+    made = list(epochs())
+    assert kinds["tuple"] > 0  # records in their reads' buffers did reach the kernel
+    monkeypatch.setattr(mix_module, "SPANS", False)
+    kinds.clear()
+    placed = list(epochs())
+    assert kinds["tuple"] == 0
+    assert made == placed
+    assert len(made[0]) > 4000 and len(made[1]) == 4000 and made[2][0]
+
+
 def test_weights_are_relative_and_equal_by_default(ab):
     a, b = ab
     inputs = [streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")]

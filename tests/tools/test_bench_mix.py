@@ -10,7 +10,7 @@ def test_the_mix_benchmark_runs_and_reports_each_pipeline(capsys):
                  "--rounds", "2", "--epochs", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
-    assert set(rows) == {"raw", "decoded", "raw-16k"}
+    assert set(rows) == {"raw", "decoded", "raw-16k", "raw-placed"}
     # alone_s mixed_s ratio [q1-q3] [ci95] alone_cpu mixed_cpu cpu_ratio alone_flt mixed_flt:
     # times (printed to the ms: a fast machine may print 0.000), positive ratios within their
     # quartiles and the median's confidence interval, page faults per epoch
