@@ -38,6 +38,9 @@ from .sources.ranged import MAX_OFFSET, open_at, range_capable
 #: checks and copies in one): a mix of 400,000 Examples of 178 bytes ran 0.95x as long with
 #: spans as with lists, of 400-byte records 1.02x, 1 KiB 1.06x, 4 KiB 1.35x (2026-11-27).
 SPAN_MEAN_MAX = 320
+#: The span buffer has room for a read of frames this long on average (a read of smaller ones
+#: gives the records past its room in a list).
+SPAN_PAIRS_FRAME = 64
 #: 1 MiB reads: large enough that per-read overhead vanishes, and a pipe buffer's worth.
 DEFAULT_READ_SIZE = 1024 * 1024
 #: Past the end of its byte range a reader needs only the rest of its last record and the next
@@ -260,12 +263,15 @@ class RecordReader:
             raise
         head = bytearray()  # the first bytes the framer saw, to say what they look like
         framing = False  # a FormatError while True came from the framer, else from the codec
-        # Span blocks (see above): the pairs' buffer, reused; the block last handed out, ended
-        # before the next read.
-        pairs = (memoryview(bytearray(16 * (self.read_size // 16 + 2))).cast("q")
-                 if spans and getattr(framer, "_scan_spans", None) is not None else None)
+        # Span blocks (see above): whether the format gives them; the pairs' buffer, made when
+        # first needed (room for a chunk of frames of SPAN_PAIRS_FRAME bytes on average: more
+        # records go to the list), reused; the block last handed out, ended before the next
+        # read; whether the last chunk's records were small (SPAN_MEAN_MAX): the first chunk
+        # comes as a list and tells.
+        spans = spans and getattr(framer, "_scan_spans", None) is not None
+        pairs: Optional[memoryview] = None
         lent: Optional[RecordSpans] = None
-        small = True  # whether the last chunk's records were small (SPAN_MEAN_MAX)
+        small = False
         try:
             feed = framer.feed
             # The framer sees one stream of pieces, whether they came straight from the source
@@ -283,10 +289,13 @@ class RecordReader:
                 else:
                     if len(head) < _HEAD_BYTES:
                         head += piece[:_HEAD_BYTES - len(head)]
-                    if pairs is None or not small:
+                    if not small:
                         records = feed(piece)
                         framed = len(records)
                     else:
+                        if pairs is None:
+                            pairs = memoryview(bytearray(
+                                16 * (self.read_size // SPAN_PAIRS_FRAME + 1))).cast("q")
                         records, buffer, n, at = framer.feed_spans(piece, pairs)
                         framed = n + len(records)
                         if n:
@@ -299,7 +308,7 @@ class RecordReader:
                                 del records[:at]
                                 yield first.pop()
                             yield lent
-                    if pairs is not None:  # spans for the next chunk if this one's were small
+                    if spans:  # spans for the next chunk if this one's records were small
                         small = framed > 0 and len(piece) <= SPAN_MEAN_MAX * framed
                 framing = False
                 stats.skipped_records = framer.skipped_records

@@ -22,13 +22,13 @@ from streamio.formats._framing import RecordSpans
 from streamio.reader import RecordReader
 
 
-def _records(seed: int, n: int = 400) -> list:
+def _records(seed: int, n: int = 3000) -> list:
     rng = random.Random(seed)
     # Mostly small (spans are given while a chunk's records average at most SPAN_MEAN_MAX
     # bytes), some empty, a few large: past a read (completed in place, REST_BUFFER_MIN =
     # 16 KiB), or cut by the end of one.
     sizes = [rng.choice([0, 1, 50, 178, 178, 178, 178, 178, 178, 178]) for _ in range(n)]
-    for i in rng.sample(range(n), n // 40):
+    for i in rng.sample(range(n), n // 150):
         sizes[i] = rng.choice([900, 5000, 40_000])
     return [rng.randbytes(size) for size in sizes]
 
@@ -59,8 +59,8 @@ def _both(source, **options) -> tuple:
 
 @pytest.mark.parametrize("read_size", [4096, 65536, 1 << 20])
 def test_spans_give_the_records_of_the_list_path_from_a_file(tmp_path, read_size):
-    records = _records(read_size)
-    path = tmp_path / "a.tfrecord"
+    records = _records(read_size, max(3000, read_size // 50))  # several reads (the first
+    path = tmp_path / "a.tfrecord"                              # comes as a list)
     path.write_bytes(b"".join(encode_tfrecord(r) for r in records))
     listed, spanned = _both(str(path), read_size=read_size)
     assert listed[0] == records
@@ -106,9 +106,14 @@ def test_a_span_block_kept_past_the_next_block_refuses_to_give_bytes(tmp_path):
     path = tmp_path / "a.tfrecord"
     path.write_bytes(b"".join(encode_tfrecord(r) for r in records))
     blocks = RecordReader(str(path), "tfrecord", read_size=8192).record_lists(spans=True)
-    first = next(blocks)
-    assert isinstance(first, RecordSpans) and first[0] == records[0] and len(first) == 8192 // 116
-    assert first[-1] == records[69] and first[1:3] == records[1:3]
+    before = 0
+    for first in blocks:  # the first read comes as a list (it tells the records are small)
+        if isinstance(first, RecordSpans):
+            break
+        before += len(first)
+    assert before == 8192 // 116 + 1 and len(first) == (2 * 8192 - 116 * before) // 116
+    assert first[0] == records[before] and first[-1] == records[before + len(first) - 1]
+    assert first[1:3] == records[before + 1:before + 3]
     kept = (first.buffer, first.spans)  # as the mix holds a block
     next(blocks)  # the reader reads into its buffer again
     with pytest.raises(ValueError, match="released"):
@@ -146,9 +151,9 @@ def test_spans_only_while_a_chunks_records_are_small(tmp_path):
     assert got == small + large + small
     chunks = sum(len(r) + 16 for r in small) // 16384  # before the large records
     runs = "".join("S" if kind == "RecordSpans" else "l" for kind in kinds)
-    # Each chunk of small records: the one completed from the chunk before, then the spans;
+    # Each later chunk of small records: the one completed from the chunk before, the spans;
     # lists alone through the large ones; spans again after them.
-    assert runs[:2 * chunks].count("S") == chunks
+    assert runs[:2 * chunks].count("S") == chunks - 1  # all but the first read (a list)
     large_chunks = sum(len(r) + 16 for r in large) // 16384
     assert "l" * (large_chunks - 2) in runs and runs[-2 * chunks:].count("S") >= chunks - 2
 
@@ -167,3 +172,17 @@ def test_recordio_and_byte_ranges_give_lists(tmp_path):
     reader = RecordReader(str(path), "tfrecord", byte_range=(0, path.stat().st_size // 2))
     got = [bytes(r) for block in reader.record_lists(spans=True) for r in block]
     assert got and got == records[:len(got)]
+
+
+def test_a_read_of_more_records_than_the_span_buffer_holds_gives_the_rest_in_a_list(tmp_path):
+    from streamio.reader import SPAN_PAIRS_FRAME
+
+    records = [b""] * 20000 + [b"x"] * 5  # 16-byte frames: four times what the room assumes
+    path = tmp_path / "a.tfrecord"
+    path.write_bytes(b"".join(encode_tfrecord(r) for r in records))
+    listed, spanned = _both(str(path), read_size=65536)
+    assert listed[0] == records
+    sizes = []
+    for block in RecordReader(str(path), "tfrecord", read_size=65536).record_lists(spans=True):
+        sizes.append((type(block).__name__, len(block)))
+    assert ("RecordSpans", 65536 // SPAN_PAIRS_FRAME + 1) in sizes  # full, the rest listed
