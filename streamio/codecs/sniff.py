@@ -163,6 +163,21 @@ class SniffingCodec:
             else:
                 yield from self._inner.decode(chunk)
             return
+        if not self._held:
+            # The first chunk: decided on its first bytes alone where they tell, it goes on as
+            # it is (holding and copying it cost two passes over a reader's first read of every
+            # stream: a whole small file). Else it is held, as the bytes after it are.
+            view = memoryview(chunk)
+            self._held += view[:TRIAL_BYTES]
+            if self._decide(final=False):
+                self._held = bytearray()
+                if self._inner is None:
+                    yield chunk
+                else:
+                    yield from self._inner.decode(chunk)
+                return
+            self._held += view[TRIAL_BYTES:]
+            return
         self._held += chunk
         if self._decide(final=False):
             yield from self._release()

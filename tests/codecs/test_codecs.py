@@ -402,3 +402,23 @@ def test_thousands_of_zstd_frames_in_one_chunk():
     assert decode_in_pieces(ZstdCodec(source="s"), data, []) == plain
     with pytest.raises(CorruptRecordError):
         decode_in_pieces(ZstdCodec(source="s"), data + b"junk-junk-junk", [])
+
+
+def test_a_first_chunk_whose_head_tells_is_handed_on_without_a_copy():
+    """Plain data goes on as the very chunk the reader gave (a reader's first read of every
+    stream was copied twice before); a compressed one goes to its codec whole; a first chunk
+    too short to tell is held with what follows, and nothing is lost either way."""
+    data = tfrecord_bytes([b"x" * 5000, b"y" * 3])
+    chunk = memoryview(bytearray(data))
+    codec = SniffingCodec(source="s", make=lambda kind: ZlibCodec(kind, source="s"))
+    out = list(codec.decode(chunk))
+    assert len(out) == 1 and out[0] is chunk and codec.kind is None
+    packed = gzip.compress(data)
+    codec = make_codec("infer", "pipe")
+    assert b"".join(bytes(p) for p in codec.decode(memoryview(packed))) + b"".join(
+        bytes(p) for p in codec.finish()) == data and codec.kind == "gzip"
+    for cut in (1, 3, 100, 4095, 4096, 4097):
+        codec = make_codec("infer", "pipe")
+        assert decode_in_pieces(codec, packed, [cut]) == data and codec.kind == "gzip"
+        codec = make_codec("infer", "pipe")
+        assert decode_in_pieces(codec, data, [cut]) == data and codec.kind is None

@@ -160,7 +160,8 @@ def test_every_bad_argument_is_catchable_both_ways(call, builtin):
 _INTERNAL_RAISES = {("cli.py", "_preview"), ("pipeline/dataset.py", "build"),
                     ("decoders/csv.py", "_to_bool"), ("bench/peers.py", None),
                     # a C kernel's reference raises what the kernel raises (internal misuse)
-                    ("pipeline/mix.py", "mix_take_reference")}
+                    ("pipeline/mix.py", "mix_take_reference"), ("pipeline/mix.py", "_span_part"),
+                    ("formats/tfrecord.py", "scan_tfrecord_spans")}
 
 
 def test_no_bare_value_or_type_error_is_raised_for_arguments():

@@ -568,16 +568,17 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     begin = min(begin, len(draws) // 4 + 1)  # mostly in range, sometimes one past the end
     blocks = [[("item", j, i) for i in range(size)] for j, size in enumerate(sizes)]
     spanned = [bool(flags & 128) and j % 2 == 1 for j in range(k)]
-    records = [[b"%d.%d" % (j, i) * (i % 3) for i in range(size)] for j, size in enumerate(sizes)]
-    buffers = [bytes(b"".join(block)) for block in records]
-    pairs = []
-    for j, block in enumerate(records):
-        lengths = np.array([len(r) for r in block], dtype=np.int64)
-        offsets = np.cumsum(lengths) - lengths
-        pair = np.stack([offsets, lengths], axis=1).reshape(-1)
-        if flags & 4 and len(block):
-            pair[-2] = len(buffers[j]) + 1  # past the buffer
-        pairs.append(pair)
+    buffers: Dict[int, bytes] = {}
+    pairs: Dict[int, np.ndarray] = {}
+    for j in range(k):
+        if spanned[j]:  # records of 0, 3 and 6 bytes, one after the other in a buffer
+            records = [b"%02x." % (i % 256) * (i % 3) for i in range(sizes[j])]
+            buffers[j] = b"".join(records)
+            lengths = np.array([len(r) for r in records], dtype=np.int64)
+            pair = np.stack([np.cumsum(lengths) - lengths, lengths], axis=1).reshape(-1)
+            if flags & 4 and sizes[j]:
+                pair[-2] = len(buffers[j]) + 1  # past the buffer
+            pairs[j] = pair
     origins = ([np.arange(size, dtype=np.int64) * 256 + j for j, size in enumerate(sizes)]
                if flags & 1 else None)
     shared, into = bool(flags & 8), (flags >> 4) & 7
