@@ -583,7 +583,9 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
                if flags & 1 else None)
     shared, into = bool(flags & 8), (flags >> 4) & 7
     held = [("held", i) for i in range(into)]
-    everything = [item for block in blocks for item in block] + held
+    # (the span parts' buffers too, but not b"": a singleton anything may hold)
+    everything = ([item for block in blocks for item in block] + held
+                  + [b for b in buffers.values() if b] + list(pairs.values()))
     baseline = [sys.getrefcount(x) for x in everything]
     runs = []
     for fn in (ck.mix_take, mix_take_reference):
