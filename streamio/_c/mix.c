@@ -193,6 +193,33 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
             }
         }
     }
+    /* The span parts' buffers, taken before anything of parts is read for the pass: an
+     * exporter may run Python code (and so may the collection below); the loop over the parts
+     * checks that each span part still holds the objects whose buffers were taken. */
+    for (Py_ssize_t k = 0; k < nparts && k < PyList_GET_SIZE(parts); k++) {
+        PyObject *part = PyList_GET_ITEM(parts, k);
+        if (!(PyTuple_CheckExact(part) && PyTuple_GET_SIZE(part) == 2))
+            continue;
+        if (sviews == NULL) {
+            sviews = PyMem_Calloc((size_t)nparts * 2, sizeof(Py_buffer));
+            if (sviews == NULL) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+        }
+        Py_INCREF(part); /* its items stay alive while their buffers are taken */
+        Py_buffer *data = &sviews[2 * k], *pairs = &sviews[2 * k + 1];
+        int got = PyObject_GetBuffer(PyTuple_GET_ITEM(part, 0), data, PyBUF_SIMPLE) == 0 &&
+                  PyObject_GetBuffer(PyTuple_GET_ITEM(part, 1), pairs, PyBUF_C_CONTIGUOUS) == 0;
+        Py_DECREF(part);
+        if (!got)
+            goto fail;
+        if (pairs->itemsize != 8 || pairs->len % 16) {
+            PyErr_Format(PyExc_ValueError,
+                         "parts[%zd]'s spans must be int64 (offset, length) pairs", k);
+            goto fail;
+        }
+    }
     /* The output: the caller's list with room for this pass's items, else a new one. Made
      * before anything of parts is looked at: allocating (here or in growing the caller's list)
      * can run a garbage collection, whose finalizers could change the lists. Nothing below,
@@ -228,6 +255,10 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
             Py_SET_SIZE(out, had);
         }
     }
+    if (PyList_GET_SIZE(parts) != nparts || PyList_GET_SIZE(starts) != nparts) {
+        PyErr_SetString(PyExc_ValueError, "parts or starts changed while mix_take read them");
+        goto fail;
+    }
     for (Py_ssize_t k = 0; k < nparts; k++) {
         PyObject *part = PyList_GET_ITEM(parts, k), *start_obj = PyList_GET_ITEM(starts, k);
         span_base[k] = NULL;
@@ -247,24 +278,12 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         }
         Py_ssize_t size;
         if (is_span) {
-            if (sviews == NULL) {
-                sviews = PyMem_Calloc((size_t)nparts * 2, sizeof(Py_buffer));
-                if (sviews == NULL) {
-                    PyErr_NoMemory();
-                    goto fail;
-                }
-            }
-            Py_buffer *bytes_view = &sviews[2 * k], *pairs_view = &sviews[2 * k + 1];
-            if (PyObject_GetBuffer(PyTuple_GET_ITEM(part, 0), bytes_view, PyBUF_SIMPLE) < 0)
-                goto fail;
-            if (PyObject_GetBuffer(PyTuple_GET_ITEM(part, 1), pairs_view, PyBUF_C_CONTIGUOUS) < 0)
-                goto fail;
-            if (pairs_view->itemsize != 8 || pairs_view->len % 16) {
-                PyErr_Format(PyExc_ValueError, "parts[%zd]'s spans must be int64 (offset, length)"
-                             " pairs", k);
+            if (sviews == NULL || sviews[2 * k].obj != PyTuple_GET_ITEM(part, 0) ||
+                sviews[2 * k + 1].obj != PyTuple_GET_ITEM(part, 1)) {
+                PyErr_Format(PyExc_ValueError, "parts[%zd] changed while mix_take read it", k);
                 goto fail;
             }
-            size = pairs_view->len / 16;
+            size = sviews[2 * k + 1].len / 16;
         } else {
             size = PyList_GET_SIZE(part);
         }

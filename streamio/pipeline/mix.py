@@ -548,11 +548,11 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
             if view.itemsize != 8:
                 raise ValueError(f"origins[{k}] must be a buffer of int64")
             sources.append(np.frombuffer(view.cast("B"), dtype=np.int64))
-    spans: dict = {}  # span parts: k -> (bytes view, int64 pairs)
+    # Span parts first (k -> (bytes view, int64 pairs)), as the kernel takes their buffers.
+    spans = {k: _span_part(k, part) for k, part in enumerate(parts)
+             if type(part) is tuple and len(part) == 2}
     for k, (part, start) in enumerate(zip(parts, starts)):
-        if type(part) is tuple and len(part) == 2:
-            spans[k] = _span_part(k, part)
-        elif not isinstance(part, list):
+        if k not in spans and not isinstance(part, list):
             raise TypeError(f"parts[{k}] must be a list or a (buffer, spans) tuple")
         if part is out:
             raise ValueError(f"out is parts[{k}]")
