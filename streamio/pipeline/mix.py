@@ -33,27 +33,27 @@ consecutive records of the output lie far apart). A read's block is used up befo
 is asked for the next, which reads into the same buffer (the reader releases the buffer first,
 so a block kept too long raises rather than gives other bytes). Inputs read that way only while
 their records are small (``reader.SPAN_MEAN_MAX``: making a record from its span is a second
-pass over its bytes); larger ones come as lists. On the benchmark's records (178 bytes) this
-took the mix from 1.16-1.18x its inputs read alone to 1.08-1.10x, and with a decoder after it
-from 1.12-1.13x to 0.97-1.03x (2026-11-27; docs/resume.md, "What it costs"). An input's block
-of records in a list that only the mix holds (a reader's, handed over by the generators that
-made it: they keep no reference to what they yield) gives its items up to the output instead of
-having them counted, so placing a record does not touch it (counting it up, and down again when
-the input's block is freed, read memory the record had left a whole read earlier: a quarter
-fewer cache misses per epoch in the benchmark under valgrind's cache model); a block someone
-else holds (a cache's) is read, as before. Output blocks are about as long as the inputs'
-longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items). Without a decoder after
-the mix a block also ends where an input's block or the draws end (its records reach the
-consumer soonest, while they are still in the CPU's cache). With one (the mix's decoder, which
-decodes a block's batches in one call) the blocks all have one length, the next input block
-pulled in mid-block: the decoder then allocates the same sizes block after block, which the C
-allocator reuses (the items placed in a block wait for it to fill: an input slow to give its
-next block delays them by that wait, at most one block's worth, where the mix would wait for it
-before its next item anyway). Blocks cut where an input's block ended held 3 to 17 batches of
-256, and the heap grew and was given back to the system (glibc trims it beyond twice its
-largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an epoch against
-1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs alone against
-1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
+pass over its bytes); larger ones come as lists. On the benchmark's records (178 bytes) the mix
+took 1.06-1.12x as long as its inputs read alone this way against 1.17-1.20x placed, and
+0.96-1.05x with the Example decoder after it (2026-11-27; docs/resume.md, "What it costs"). An
+input's block of records in a list that only the mix holds (a reader's, handed over by the
+generators that made it: they keep no reference to what they yield) gives its items up to the
+output instead of having them counted, so placing a record does not touch it (counting it up,
+and down again when the input's block is freed, read memory the record had left a whole read
+earlier: a quarter fewer cache misses per epoch in the benchmark under valgrind's cache model);
+a block someone else holds (a cache's) is read, as before. Output blocks are about as long as
+the inputs' longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items). Without a
+decoder after the mix a block also ends where an input's block or the draws end (its records
+reach the consumer soonest, while they are still in the CPU's cache). With one (the mix's
+decoder, which decodes a block's batches in one call) the blocks all have one length, the next
+input block pulled in mid-block: the decoder then allocates the same sizes block after block,
+which the C allocator reuses (the items placed in a block wait for it to fill: an input slow to
+give its next block delays them by that wait, at most one block's worth, where the mix would
+wait for it before its next item anyway). Blocks cut where an input's block ended held 3 to 17
+batches of 256, and the heap grew and was given back to the system (glibc trims it beyond twice
+its largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an epoch
+against 1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs alone
+against 1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
 ``MAX_SLICE`` items), plus each input's current block and read buffer. An input not given its
 own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
 mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
