@@ -107,13 +107,20 @@ static int tfrecord_locate(const unsigned char *buf, Py_ssize_t p, Py_ssize_t en
 }
 
 /* Pass 3: copy each payload into its bytes object, checking its CRC in the same pass over the
- * source; returns the number of good frames (the first mismatch ends the batch there: it
- * precedes any header fault found further on, as in the reference). */
+ * source (records NULL: check only, for scan_tfrecord_spans); returns the number of good
+ * frames (the first mismatch ends the batch there: it precedes any header fault found further
+ * on, as in the reference). */
 static int tfrecord_copy(const unsigned char *buf, const frame_span *spans, PyObject **records,
                          int n, int verify)
 {
     for (int i = 0; i < n; i++) {
         const unsigned char *data = buf + spans[i].start;
+        if (records == NULL) {
+            if (verify && masked_crc(data, (size_t)spans[i].length) !=
+                              load_le32(data + spans[i].length))
+                return i;
+            continue;
+        }
         unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(records[i]);
         if (!verify) {
             memcpy(dst, data, (size_t)spans[i].length);
@@ -242,40 +249,27 @@ static PyObject *py_scan_tfrecord_spans(PyObject *self, PyObject *args, PyObject
     const unsigned char *buf = (const unsigned char *)view.buf;
     int64_t *dst = (int64_t *)out.buf;
     Py_ssize_t cap = out.len / 16;
-    /* Frames are located a batch at a time, the batch no longer than the room left (each
-     * frame needs a pair), then their payload CRCs checked; the first mismatch ends the scan
-     * at its frame, as in scan_tfrecords. */
+    /* Frames are located a batch at a time, and the payload CRCs of those there is room for
+     * checked; the first mismatch ends the scan at its frame, as in scan_tfrecords. */
     while (count < cap) {
         int stopped;
-        Py_ssize_t next, payload;
-        Py_ssize_t room = cap - count;
+        Py_ssize_t next, payload, room = cap - count;
         int n = tfrecord_locate(buf, pos, end, verify, &lim, spans, &stopped, &status, &next,
                                 &payload);
-        int good = n;
-        if (verify) {
-            for (int i = 0; i < n; i++) {
-                const unsigned char *data = buf + spans[i].start;
-                uint32_t stored = load_le32(data + spans[i].length);
-                if (masked_crc(data, (size_t)spans[i].length) != stored) {
-                    good = i;
-                    break;
-                }
-            }
-        }
-        int take = good < room ? good : (int)room;
-        for (int i = 0; i < take; i++) {
+        int want = n < room ? n : (int)room;
+        int good = tfrecord_copy(buf, spans, NULL, want, verify);
+        for (int i = 0; i < good; i++) {
             dst[2 * (count + i)] = (int64_t)spans[i].start;
             dst[2 * (count + i) + 1] = (int64_t)spans[i].length;
         }
-        count += take;
-        if (take < good) { /* out of room: the next frame is whole and sound, left for later */
-            pos = spans[take].start - TFRECORD_HEADER;
-            status = ST_OK;
-            break;
-        }
-        if (good < n) {
+        count += good;
+        if (good < want) {
             pos = spans[good].start - TFRECORD_HEADER;
             status = ST_BAD_DATA;
+            break;
+        }
+        if (want < n) { /* out of room: the next frame (whole, its header sound) waits */
+            pos = spans[want].start - TFRECORD_HEADER;
             break;
         }
         pos = next;

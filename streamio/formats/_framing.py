@@ -67,10 +67,6 @@ class RecordSpans:
     def __iter__(self):
         return iter(self[:])
 
-    def tolist(self) -> list:
-        """The records as a list of ``bytes``."""
-        return self[:]
-
     def release(self) -> None:
         """End the records' life (the buffer is about to hold other bytes)."""
         self.buffer.release()
@@ -297,7 +293,7 @@ class LengthPrefixedFramer(FramerBase):
     def _run_spans(self, buf, pos: int, out: list) -> None:
         """:meth:`_run` for :meth:`feed_spans`: the whole frames from ``buf[pos]`` on go to the
         span buffer, then :meth:`_run` frames the rest (a tail, a fault and what follows it)."""
-        n, after, status = self._scan_spans(buf, pos, len(buf), self._span_out)
+        n, after, _ = self._scan_spans(buf, pos, len(buf), self._span_out)  # _run sees why
         if n:
             self.records += n
             self._consumed += after - pos

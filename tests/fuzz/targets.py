@@ -101,42 +101,29 @@ def _cuts(seed: int, n: int) -> List[int]:
     return sorted({rng.randint(0, n) for _ in range(rng.randint(0, 8))})
 
 
-def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int]) -> list:
+def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int],
+               room: Optional[int] = None) -> list:
     """Feed ``data`` split at ``cuts``; record every result, error and counter a user can see
-    (tests/kernels/test_kernel_framing.py compares the C and Python framers with it)."""
+    (tests/kernels/test_kernel_framing.py compares the C and Python framers with it).
+
+    ``room``: feed through ``feed_spans`` with a span buffer of that many records, each chunk
+    held in one buffer that the next piece overwrites (as a reader's), its records made from
+    their three parts right after the call: the events must be those of ``feed``."""
     from streamio.errors import FormatError
 
     framer = make()
     events: list = []
-    pieces = [data[pos:cut] for pos, cut in zip([0] + cuts, cuts + [len(data)])]
-    for piece in pieces + [None]:
-        try:
-            records = framer.feed(piece) if piece is not None else framer.finish()
-        except FormatError as err:  # anything else is a bug and propagates
-            events.append(("error", type(err), err.offset, err.record_index, str(err)))
-            break
-        events.append(("records", records))
-    events.append(("counters", framer.records, framer.skipped_records, framer.skipped_bytes))
-    return events
-
-
-def run_framer_spans(make: Callable[[], Any], data: bytes, cuts: List[int], room: int) -> list:
-    """:func:`run_framer` through ``feed_spans`` (a span buffer of ``room`` records): each
-    chunk's records made from its three parts in order, right after the call (the span buffer
-    and the chunk are reused for the next), so the events must equal :func:`run_framer`'s."""
-    from streamio.errors import FormatError
-
-    framer = make()
-    events: list = []
-    pairs = memoryview(bytearray(16 * room)).cast("q")
+    pairs = None if room is None else memoryview(bytearray(16 * room)).cast("q")
     chunk = bytearray()
     pieces = [data[pos:cut] for pos, cut in zip([0] + cuts, cuts + [len(data)])]
     for piece in pieces + [None]:
         try:
             if piece is None:
                 records = framer.finish()
+            elif pairs is None:
+                records = framer.feed(piece)
             else:
-                chunk[:] = piece  # one buffer, overwritten by the next piece (as a reader's)
+                chunk[:] = piece
                 records, buffer, n, at = framer.feed_spans(memoryview(chunk), pairs)
                 if n:
                     made = [bytes(buffer[pairs[2 * i]:pairs[2 * i] + pairs[2 * i + 1]])
@@ -144,7 +131,7 @@ def run_framer_spans(make: Callable[[], Any], data: bytes, cuts: List[int], room
                     records = records[:at] + made + records[at:]
                     buffer.release()  # nothing may hold it: the reader releases it so
                     del buffer
-        except FormatError as err:
+        except FormatError as err:  # anything else is a bug and propagates
             events.append(("error", type(err), err.offset, err.record_index, str(err)))
             break
         events.append(("records", records))
@@ -205,9 +192,9 @@ def run_scan_tfrecords(ck: ModuleType, data: bytes) -> None:
                            stream, cuts)
                 for accelerate in (True, False)]
         expect_equal(f"framer events (on_error={skip}, cuts={cuts})", runs[0], runs[1])
-        spanned = run_framer_spans(partial(TFRecordFramer, verify=verify, on_error=skip,
-                                           max_record_size=small, source="s"),
-                                   stream, cuts, max(1, room))
+        spanned = run_framer(partial(TFRecordFramer, verify=verify, on_error=skip,
+                                     max_record_size=small, source="s"),
+                             stream, cuts, max(1, room))
         expect_equal(f"framer events through feed_spans (cuts={cuts})", spanned, runs[0])
 
 

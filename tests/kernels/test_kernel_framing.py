@@ -32,7 +32,7 @@ from streamio.formats._tfrecord_sync import find_tfrecord_sync_numpy  # noqa: E4
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
 # Every result, error and counter a user can see, from data fed in pieces: the fuzz harness's.
-from targets import run_framer, run_framer_spans  # noqa: E402
+from targets import run_framer  # noqa: E402
 
 SLOW_OK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                          HealthCheck.data_too_large])
@@ -179,7 +179,7 @@ def test_tfrecord_framer_through_feed_spans_gives_what_feed_gives(data, on_error
         return TFRecordFramer(verify=verify, on_error=on_error, max_record_size=limit,
                               source="s", accelerate=accelerate)
 
-    assert run_framer_spans(make, data, cuts, room) == run_framer(make, data, cuts)
+    assert run_framer(make, data, cuts, room) == run_framer(make, data, cuts)
 
 
 def test_feed_spans_leaves_a_chunks_whole_records_in_it():
