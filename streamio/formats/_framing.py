@@ -70,6 +70,7 @@ class RecordSpans:
     def release(self) -> None:
         """End the records' life (the buffer is about to hold other bytes)."""
         self.buffer.release()
+        self.spans.release()
 
 
 class LengthPrefixedFramer(FramerBase):

@@ -34,8 +34,10 @@ is asked for the next, which reads into the same buffer (the reader releases the
 so a block kept too long raises rather than gives other bytes). Inputs read that way only while
 their records are small (``reader.SPAN_MEAN_MAX``: making a record from its span is a second
 pass over its bytes); larger ones come as lists. On the benchmark's records (178 bytes) the mix
-took 1.06-1.12x as long as its inputs read alone this way against 1.17-1.20x placed, and
-0.96-1.05x with the Example decoder after it (2026-11-27; docs/resume.md, "What it costs"). An
+took 1.08-1.09x as long as its inputs read alone this way against 1.16-1.20x placed,
+0.98-1.02x with the Example decoder after it, and records of 16 KiB 1.05-1.11x (four runs,
+2026-11-27, with the readers' buffers kept from one reader for the next: ``_read_buffers``;
+docs/resume.md, "What it costs"). An
 input's block of records in a list that only the mix holds (a reader's, handed over by the
 generators that made it: they keep no reference to what they yield) gives its items up to the
 output instead of having them counted, so placing a record does not touch it (counting it up,
@@ -54,7 +56,8 @@ batches of 256, and the heap grew and was given back to the system (glibc trims 
 its largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an epoch
 against 1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs alone
 against 1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
-``MAX_SLICE`` items), plus each input's current block and read buffer. An input not given its
+``MAX_SLICE`` items), plus each input's current block and read buffer (kept
+for the next reader when the input ends: ``streamio._read_buffers``). An input not given its
 own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
 mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
 least ``MIN_READ_SIZE``). Together the inputs hold at most about twice what one Dataset holds
@@ -290,17 +293,19 @@ class _Input:
                 self.done = True
                 self.error = exc
                 break
-            self._learn_names()
-            if not len(items):
+            if len(self.run.names) != self.names_seen or self.header:
+                self._learn_names()
+            length = len(items)
+            if not length:
                 continue
-            self.length = len(items)
+            self.length = length
             if items.__class__ is RecordSpans:
                 items = (items.buffer, items.spans)
             elif not isinstance(items, list):
                 items = list(items)
             if self.track:
                 if ids is None:  # no origins from this input: name its first source
-                    ids = np.zeros(len(items), np.int64)
+                    ids = np.zeros(length, np.int64)
                 ids = np.ascontiguousarray(ids, np.int64)
                 if self.base:
                     ids = ids + (self.base << INDEX_BITS)
@@ -382,9 +387,16 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
     origins: Optional[list] = [_NO_ORIGINS] * k_all if track else None
     longest = 0  # the longest block an input gave
     bounds = _bounds(weights, live)
-    block = _OutputBlock(track)
+    # The output block being filled: its items (the list the kernel appends to; None before
+    # its first), its length when full, and, when tracked, its origins (one array a block:
+    # the block's slice of it goes downstream). Plain locals: this loop runs a few hundred
+    # times an epoch, and each attribute lookup or method call there is per-block overhead.
+    items: Optional[list] = None
+    size = 0
+    placed: Optional[np.ndarray] = None
     # Blocks of one length for a decoder: see the module's docstring.
     equal = run.decoder is not None
+    take = _TAKE
     try:
         # Built here, not when the epoch's chain is: a closed generator that never started
         # runs no finally, and an input's prefetch thread starts when it is built.
@@ -401,17 +413,22 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                 # draws and wherever the inputs' blocks end (`equal`); otherwise a block also
                 # ends where an input's or the draws end. Where blocks are cut never changes
                 # the order, only the block sizes.
-                if block.items and (not equal or block.room() == 0):
-                    yield block.take()
-                if not block.size:
-                    block.open(min(MAX_SLICE, max(MIN_SLICE, longest)))
-                block.items, t, short = _TAKE(draws, t, block.room(), bounds, parts, starts,
-                                              origins, block.origins_room(), block.items)
+                if items and (not equal or len(items) == size):
+                    yield items, None if placed is None else placed[:len(items)]
+                    items, size = None, 0
+                if not size:
+                    size = min(MAX_SLICE, max(MIN_SLICE, longest))
+                    if track:
+                        placed = np.empty(size, dtype=np.int64)
+                n = 0 if items is None else len(items)
+                items, t, short = take(draws, t, size - n, bounds, parts, starts, origins,
+                                       None if placed is None else placed[n:], items)
                 if short < 0:
                     continue
                 # Input `short`'s block is used up: its next one, or it has ended. Held by
                 # `parts` alone (no local name here), so its items are moved, not counted.
-                parts[short] = inputs[short].next_block()
+                source = inputs[short]
+                parts[short] = source.next_block()
                 starts[short] = 0
                 if parts[short] is None:
                     parts[short] = _NOTHING
@@ -420,57 +437,27 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                     ended = short
                     break
                 if track:
-                    origins[short] = inputs[short].ids
-                longest = max(longest, inputs[short].length)
+                    origins[short] = source.ids
+                if source.length > longest:
+                    longest = source.length
             if ended is None:
                 continue
             failed = inputs[ended].error
             if failed is not None:
-                if block.items:
-                    yield block.take()
+                if items:
+                    yield items, None if placed is None else placed[:len(items)]
                 raise failed  # after every item the mix delivers before it
             if stop == "first_exhausted":
                 break
             live[ended] = False  # the rest of the draw is discarded: drawn anew without it
             if live.any():
                 bounds = _bounds(weights, live)
-        if block.items:
-            yield block.take()
+        if items:
+            yield items, None if placed is None else placed[:len(items)]
     finally:
         for source in inputs:
             if source is not None:
                 source.close()
-
-
-class _OutputBlock:
-    """The mix's output block being filled: its items (the list the kernel appends to, made
-    with room for the block) and, when tracked, their origins."""
-
-    def __init__(self, track: bool) -> None:
-        self.track = track
-        self.items: Optional[list] = None
-        self.size = 0
-        self.origins: Optional[np.ndarray] = None
-
-    def open(self, size: int) -> None:
-        self.size = size
-        if self.track:
-            self.origins = np.empty(size, dtype=np.int64)
-
-    def filled(self) -> int:
-        return 0 if self.items is None else len(self.items)
-
-    def room(self) -> int:
-        return self.size - self.filled()
-
-    def origins_room(self) -> Optional[np.ndarray]:
-        return None if self.origins is None else self.origins[self.filled():]
-
-    def take(self) -> tuple:
-        items, n = self.items, self.filled()
-        origins = None if self.origins is None else self.origins[:n]
-        self.items, self.size, self.origins = None, 0, None
-        return items, origins
 
 
 def _draw(rng: np.random.Generator) -> np.ndarray:
