@@ -7,8 +7,8 @@ per file. The buffers are now lent from this pool and given back when the reader
 
 - :func:`lend` gives a buffer of exactly ``size`` bytes whose contents are undefined (a reader
   only ever exposes the bytes it has just read into it). A kept buffer is lent only if nothing
-  still holds a view of it: a view (a ``memoryview``, a ``RecordSpans`` kept past its life, a
-  numpy array over it) pins the buffer, which is then dropped from the pool, never written.
+  still holds a view of it: a view (a ``memoryview`` of it or of a piece of it, a numpy array
+  over it) pins the buffer, which is then dropped from the pool, never written.
 - :func:`give_back` keeps a buffer for the next reader of that size, within :data:`POOL_BYTES`
   in all; a buffer over :data:`KEEP_MAX` bytes is not kept.
 
