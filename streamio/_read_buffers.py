@@ -28,8 +28,10 @@ an empty pool and a new lock.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from typing import Iterator
 
 #: The most bytes the pool keeps, all sizes together (a reader's 1 MiB buffer, a mix's inputs'
 #: shares, a few readers running at once in threads).
@@ -80,6 +82,20 @@ def give_back(buf: bytearray) -> None:
             return
         _free.setdefault(size, []).append(buf)
         _kept += size
+
+
+@contextlib.contextmanager
+def borrowed(size: int) -> Iterator[memoryview]:
+    """A view of a lent buffer of ``size`` bytes for the ``with`` block; on leaving it the
+    view is released and the buffer given back (lent again only once no piece of it is
+    held)."""
+    buf = lend(size)
+    view = memoryview(buf)
+    try:
+        yield view
+    finally:
+        view.release()
+        give_back(buf)
 
 
 def kept_bytes() -> int:

@@ -355,13 +355,11 @@ class RecordReader:
         (``rest_buffer``), the number of bytes read straight into it."""
         stats = self.stats
         clock = time.perf_counter
-        buffer = read_buffers.lend(self.read_size)
-        view = memoryview(buffer)
         readinto = src.readinto
         # Optional in the framer protocol: framers that keep no frame of their own (the
         # SageMaker manifest grouper, "object", a user's registered framer) are fed chunks.
         rest_buffer = getattr(framer, "rest_buffer", None)
-        try:
+        with read_buffers.borrowed(self.read_size) as view:  # kept for the next reader
             while True:
                 # A sniffing codec says "plain" only once it has seen the first bytes.
                 rest = (rest_buffer() if rest_buffer is not None
@@ -381,10 +379,6 @@ class RecordReader:
                 for piece in pieces:
                     stats.bytes_decoded += len(piece)
                     yield piece
-        finally:
-            # Kept for the next reader; lent again only once no piece of it is held.
-            view.release()
-            read_buffers.give_back(buffer)
         self._mark_consumed()
         if codec is not None:
             for piece in codec.finish():
@@ -396,10 +390,8 @@ class RecordReader:
         ones (the framer stops the loop once its last record is whole)."""
         stats = self.stats
         clock = time.perf_counter
-        buffer = read_buffers.lend(self.read_size)
-        view = memoryview(buffer)
         readinto = src.readinto
-        try:
+        with read_buffers.borrowed(self.read_size) as view:
             while True:
                 left = end - offset
                 want = min(self.read_size, left if left > 0 else PAST_END_READ_SIZE)
@@ -412,9 +404,6 @@ class RecordReader:
                 stats.bytes_read += n
                 stats.bytes_decoded += n
                 yield view[:n]
-        finally:
-            view.release()
-            read_buffers.give_back(buffer)
 
     def __iter__(self) -> Iterator[bytes]:
         for records in self.record_lists():

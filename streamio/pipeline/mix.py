@@ -37,13 +37,13 @@ pass over its bytes); larger ones come as lists. On the benchmark's records (178
 took 1.08-1.09x as long as its inputs read alone this way against 1.16-1.20x placed,
 0.98-1.02x with the Example decoder after it, and records of 16 KiB 1.05-1.11x (four runs,
 2026-11-27, with the readers' buffers kept from one reader for the next: ``_read_buffers``;
-docs/resume.md, "What it costs"). An
-input's block of records in a list that only the mix holds (a reader's, handed over by the
-generators that made it: they keep no reference to what they yield) gives its items up to the
-output instead of having them counted, so placing a record does not touch it (counting it up,
-and down again when the input's block is freed, read memory the record had left a whole read
-earlier: a quarter fewer cache misses per epoch in the benchmark under valgrind's cache model);
-a block someone else holds (a cache's) is read, as before. Output blocks are about as long as
+docs/resume.md, "What it costs"). An input's block of records in a list that only the mix holds
+(a reader's, handed over by the generators that made it: they keep no reference to what they
+yield) gives its items up to the output instead of having them counted, so placing a record
+does not touch it (counting it up, and down again when the input's block is freed, read memory
+the record had left a whole read earlier: a quarter fewer cache misses per epoch in the
+benchmark under valgrind's cache model); a block someone else holds (a cache's) is read, as
+before. Output blocks are about as long as
 the inputs' longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items). Without a
 decoder after the mix a block also ends where an input's block or the draws end (its records
 reach the consumer soonest, while they are still in the CPU's cache). With one (the mix's
@@ -56,8 +56,8 @@ batches of 256, and the heap grew and was given back to the system (glibc trims 
 its largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an epoch
 against 1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs alone
 against 1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
-``MAX_SLICE`` items), plus each input's current block and read buffer (kept
-for the next reader when the input ends: ``streamio._read_buffers``). An input not given its
+``MAX_SLICE`` items), plus each input's current block and read buffer (kept for the next
+reader when the input ends: ``streamio._read_buffers``). An input not given its
 own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
 mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
 least ``MIN_READ_SIZE``). Together the inputs hold at most about twice what one Dataset holds
@@ -414,7 +414,7 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                 # ends where an input's or the draws end. Where blocks are cut never changes
                 # the order, only the block sizes.
                 if items and (not equal or len(items) == size):
-                    yield items, None if placed is None else placed[:len(items)]
+                    yield _output(items, placed)
                     items, size = None, 0
                 if not size:
                     size = min(MAX_SLICE, max(MIN_SLICE, longest))
@@ -427,8 +427,8 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                     continue
                 # Input `short`'s block is used up: its next one, or it has ended. Held by
                 # `parts` alone (no local name here), so its items are moved, not counted.
-                source = inputs[short]
-                parts[short] = source.next_block()
+                inp = inputs[short]
+                parts[short] = inp.next_block()
                 starts[short] = 0
                 if parts[short] is None:
                     parts[short] = _NOTHING
@@ -437,15 +437,15 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                     ended = short
                     break
                 if track:
-                    origins[short] = source.ids
-                if source.length > longest:
-                    longest = source.length
+                    origins[short] = inp.ids
+                if inp.length > longest:
+                    longest = inp.length
             if ended is None:
                 continue
             failed = inputs[ended].error
             if failed is not None:
                 if items:
-                    yield items, None if placed is None else placed[:len(items)]
+                    yield _output(items, placed)
                 raise failed  # after every item the mix delivers before it
             if stop == "first_exhausted":
                 break
@@ -453,11 +453,16 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
             if live.any():
                 bounds = _bounds(weights, live)
         if items:
-            yield items, None if placed is None else placed[:len(items)]
+            yield _output(items, placed)
     finally:
         for source in inputs:
             if source is not None:
                 source.close()
+
+
+def _output(items: list, placed: Optional[np.ndarray]) -> tuple:
+    """A finished output block: its items, and the origins placed for them (None untracked)."""
+    return items, None if placed is None else placed[:len(items)]
 
 
 def _draw(rng: np.random.Generator) -> np.ndarray:

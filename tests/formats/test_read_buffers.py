@@ -97,6 +97,16 @@ def test_a_reader_in_a_used_buffer_reads_only_its_own_bytes(tmp_path):
     assert read_buffers.kept_bytes() > 0  # they were kept, and lent again
 
 
+def test_a_reader_stopped_early_gives_its_buffer_back(tmp_path):
+    path = _write(tmp_path / "a.tfrecord", [b"r" * 100] * 2000)
+    blocks = RecordReader(path, "tfrecord", read_size=8192).record_lists()
+    next(blocks)
+    assert read_buffers.kept_bytes() == 0  # lent while the reader reads
+    blocks.close()  # a consumer that stops (a break, a take())
+    assert read_buffers.kept_bytes() == 8192
+    assert list(streamio.read_records(path, "tfrecord", read_size=8192)) == [b"r" * 100] * 2000
+
+
 def test_a_dataset_of_many_files_and_a_mix_read_right_epoch_after_epoch(tmp_path):
     rng = random.Random(7)
     files = [[rng.randbytes(rng.choice([1, 100, 178, 900])) for _ in range(rng.randrange(50))]
