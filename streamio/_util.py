@@ -3,6 +3,8 @@ batch, and closing a block iterator."""
 
 from __future__ import annotations
 
+import collections
+import sys
 from typing import Any
 
 import numpy as np
@@ -38,6 +40,19 @@ def batch_rows(batch: Any) -> int:
         return len(batch)
     except TypeError:
         return 1
+
+
+def exhaust_iterator(items: Any) -> None:
+    """Leave the iterator ``items`` with nothing more to give: a list's or a tuple's at once
+    (its position set past the end), any other by running it out. An ``itertools.chain`` over
+    such iterators then stops after its current one (``EpochIterator.close()``)."""
+    if type(items) in _SEQUENCE_ITERATORS:
+        items.__setstate__(sys.maxsize)  # clamped to the sequence's length
+    else:
+        collections.deque(items, maxlen=0)
+
+
+_SEQUENCE_ITERATORS = (type(iter([])), type(iter(())))
 
 
 def close_iterator(blocks: Any) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
 import time
 from typing import Any, Iterator, Optional
 
-from .._util import batch_rows as _batch_rows
-from ..errors import UsageError
+from .._util import batch_rows as _batch_rows, exhaust_iterator
+from ..errors import UsageError, UsageTypeError
 from . import resume as _resume
 from .stages import close_blocks
 from .stats import EpochStats
@@ -15,83 +16,60 @@ from .stats import EpochStats
 __all__ = ["EpochIterator"]
 
 
-class EpochIterator:
+class EpochIterator(itertools.chain):
     """One epoch of a Dataset: yields items and owns everything the epoch opened.
 
     ``close()`` (also on ``break`` out of a ``for`` loop, when the iterator is dropped, or at
     the end of a ``with`` block) stops prefetch threads and closes the sources. Counting for
     :meth:`Dataset.stats` happens here, once per block, not per item.
+
+    Items are handed out by C code (``itertools.chain`` over each block's list iterator, a
+    subclass of it): Python runs once per block, not once per item, which was a third of an
+    epoch of small records. Where the epoch stands (:attr:`delivered`) is the blocks before
+    the current one plus what the current block's iterator has given.
     """
 
-    def __init__(self, blocks: Iterator[tuple], stats: EpochStats, *, batched: bool) -> None:
-        self._blocks: Optional[Iterator[tuple]] = blocks
-        self._stats = stats
-        self._batched = batched
-        self._items: Iterator[Any] = iter(())
-        # For state_dict(): items in the blocks before the current one, the current one's size.
-        self._handed = 0
-        self._block_len = 0
-        self._ended = False
-        # (Dataset, epoch, items skipped by a resume[, the elastic resume it continues])
-        self._origin: Optional[tuple] = None
+    _feed: "_Feed"
+    # (Dataset, epoch, items skipped by a resume[, the elastic resume it continues])
+    _origin: Optional[tuple]
 
-    def __iter__(self) -> "EpochIterator":
+    def __new__(cls, blocks: Iterator[tuple], stats: EpochStats, *,
+                batched: bool) -> "EpochIterator":
+        # The blocks' side lives in a _Feed that the chain's generator updates: the generator
+        # holds no reference to the iterator, so a dropped iterator is freed (and closed) at
+        # once, not by the cycle collector.
+        feed = _Feed(blocks, stats, batched)
+        self = super().from_iterable(_item_iterators(feed))
+        self._feed = feed
+        self._origin = None
         return self
 
-    def __next__(self) -> Any:
-        try:
-            return next(self._items)
-        except StopIteration:
-            pass
-        return self._next_block()
+    @classmethod
+    def from_iterable(cls, iterable: Any) -> "EpochIterator":
+        raise UsageTypeError("an EpochIterator comes from iter(dataset), not from_iterable()")
 
-    def _next_block(self) -> Any:
-        blocks = self._blocks
-        if blocks is None:
-            raise StopIteration
-        stats = self._stats
-        clock = time.perf_counter
-        t0 = clock()
-        try:
-            while True:
-                items = next(blocks)[0]
-                if items:
-                    break
-        except BaseException as exc:
-            stats.wait_s += clock() - t0
-            self._ended = isinstance(exc, StopIteration)
-            self.close()
-            raise
-        stats.wait_s += clock() - t0
-        self._handed += self._block_len
-        self._block_len = len(items)
-        if self._batched:
-            stats.batches += len(items)
-            stats.records += sum(map(_batch_rows, items))
-        else:
-            stats.records += len(items)
-        stats.first_item()
-        self._items = iter(items)
-        return next(self._items)
+    @property
+    def _stats(self) -> EpochStats:
+        return self._feed.stats
+
+    @property
+    def _ended(self) -> bool:
+        return self._feed.ended
+
+    @_ended.setter
+    def _ended(self, value: bool) -> None:
+        self._feed.ended = value
 
     def close(self) -> None:
         """Stop the epoch: prefetch threads end and sources are closed (idempotent)."""
-        blocks = self.__dict__.get("_blocks")
-        if blocks is None:
-            return
-        self._blocks = None
-        self._handed = self.delivered
-        self._block_len = 0
-        self._items = iter(())
-        try:
-            close_blocks(blocks)
-        finally:
-            self._stats.finish()
+        feed = self.__dict__.get("_feed")
+        if feed is not None:
+            feed.close()
 
     @property
     def delivered(self) -> int:
         """Items (records, or batches) this iterator has handed out."""
-        return self._handed + self._block_len - operator.length_hint(self._items)
+        return self._feed.delivered()
 
     def state_dict(self) -> dict:
         """Where this epoch stands, as a small JSON-serialisable dict: pass it to
@@ -126,3 +104,79 @@ class EpochIterator:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def __reduce__(self) -> Any:
+        raise UsageTypeError("an EpochIterator cannot be pickled: its state_dict() can")
+
+
+class _Feed:
+    """An epoch's blocks and where its consumer stands in them."""
+
+    __slots__ = ("blocks", "stats", "batched", "items", "handed", "block_len", "ended")
+
+    def __init__(self, blocks: Iterator[tuple], stats: EpochStats, batched: bool) -> None:
+        self.blocks: Optional[Iterator[tuple]] = blocks
+        self.stats = stats
+        self.batched = batched
+        # The current block's iterator (the one the chain is taking items from), the items
+        # in the blocks before it, and its length.
+        self.items: Iterator[Any] = iter(())
+        self.handed = 0
+        self.block_len = 0
+        self.ended = False
+
+    def delivered(self) -> int:
+        return self.handed + self.block_len - operator.length_hint(self.items)
+
+    def close(self) -> None:
+        blocks = self.blocks
+        if blocks is None:
+            return
+        self.blocks = None
+        self.handed = self.delivered()
+        self.block_len = 0
+        # The chain would go on with the current block's iterator: it gives nothing more.
+        exhaust_iterator(self.items)
+        self.items = iter(())
+        try:
+            close_blocks(blocks)
+        finally:
+            self.stats.finish()
+
+
+def _item_iterators(feed: _Feed) -> Iterator[Iterator[Any]]:
+    """The iterator of each non-empty block's items, in order, counting each block as it
+    comes; the epoch closes when the blocks end or fail."""
+    stats = feed.stats
+    clock = time.perf_counter
+    while True:
+        blocks = feed.blocks
+        if blocks is None:
+            return
+        t0 = clock()
+        try:
+            while True:
+                items = next(blocks)[0]
+                if items:
+                    break
+        except StopIteration:
+            stats.wait_s += clock() - t0
+            feed.ended = True
+            feed.close()
+            return
+        except BaseException:
+            stats.wait_s += clock() - t0
+            feed.close()
+            raise
+        stats.wait_s += clock() - t0
+        if feed.blocks is None:  # closed while the block was made (another thread)
+            return
+        feed.handed += feed.block_len
+        feed.block_len = len(items)
+        if feed.batched:
+            stats.batches += len(items)
+            stats.records += sum(map(_batch_rows, items))
+        else:
+            stats.records += len(items)
+        stats.first_item()
+        feed.items = items = iter(items)
+        yield items

@@ -34,10 +34,11 @@ is asked for the next, which reads into the same buffer (the reader releases the
 so a block kept too long raises rather than gives other bytes). Inputs read that way only while
 their records are small (``reader.SPAN_MEAN_MAX``: making a record from its span is a second
 pass over its bytes); larger ones come as lists. On the benchmark's records (178 bytes) the mix
-took 1.08-1.09x as long as its inputs read alone this way against 1.16-1.20x placed,
-0.98-1.02x with the Example decoder after it, and records of 16 KiB 1.05-1.11x (four runs,
-2026-11-27, with the readers' buffers kept from one reader for the next: ``_read_buffers``;
-docs/resume.md, "What it costs"). An input's block of records in a list that only the mix holds
+took 1.09-1.12x as long as its inputs read alone this way against 1.19-1.24x placed,
+1.03-1.06x with the Example decoder after it, and records of 16 KiB 1.09-1.14x (four runs,
+2026-11-27, with items handed out by C code: ``EpochIterator``, which made an epoch of
+records a third shorter, mixed or not, so the same milliseconds the mix adds are a larger
+share; 1.08-1.09x, 0.98-1.02x and 1.05-1.11x before it; docs/resume.md, "What it costs"). An input's block of records in a list that only the mix holds
 (a reader's, handed over by the generators that made it: they keep no reference to what they
 yield) gives its items up to the output instead of having them counted, so placing a record
 does not touch it (counting it up, and down again when the input's block is freed, read memory

@@ -28,6 +28,7 @@ from streamio.pipeline import Dataset, Prefetcher, ShuffleBuffer
 from streamio.pipeline.shuffle import NUMPY_MIN_BUFFER, derive_rng
 from streamio.pipeline.stats import STATS_KEYS
 
+from support.fds import fd_targets, open_fds
 from support.protobuf import field, varint
 
 
@@ -429,20 +430,6 @@ def test_buffer_bytes_bounds_a_shuffle_of_decoded_batches(tmp_path):
 
 
 # -- prefetch: threads, descriptors, errors --------------------------------------------------------
-def _open_fds() -> set:
-    return set(os.listdir("/proc/self/fd"))
-
-
-def _fd_targets() -> list:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out.append(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:
-            pass
-    return out
-
-
 def _wait_for(condition, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -456,7 +443,7 @@ def _wait_for(condition, timeout: float = 10.0) -> bool:
 def test_leaving_early_stops_the_thread_and_closes_the_fifo(fifo, tmp_path, how):
     data = b"".join(streamio.formats.encode_tfrecord(rec(i, 200)) for i in range(60_000))
     pipe = fifo.make(data, 65536)
-    threads, fds = threading.active_count(), _open_fds()
+    threads, fds = threading.active_count(), open_fds()
     ds = Dataset(pipe, "tfrecord").shuffle(100, seed=0).batch(16).prefetch(2)
     if how == "break":
         for batch in ds:
@@ -476,8 +463,8 @@ def test_leaving_early_stops_the_thread_and_closes_the_fifo(fifo, tmp_path, how)
         ds = ds.take(3)
         assert len(list(ds)) == 3
     assert _wait_for(lambda: threading.active_count() == threads), "a prefetch thread is left"
-    assert _open_fds() <= fds, "a file descriptor is left open"
-    assert pipe not in _fd_targets()
+    assert open_fds() <= fds, "a file descriptor is left open"
+    assert pipe not in fd_targets()
     stats = ds.stats()
     assert stats["finished"] and stats["bytes"] < len(data)  # stopped reading early
 
