@@ -4,6 +4,7 @@ batch, and closing a block iterator."""
 from __future__ import annotations
 
 import collections
+import itertools
 import sys
 from typing import Any
 
@@ -53,6 +54,26 @@ def exhaust_iterator(items: Any) -> None:
 
 
 _SEQUENCE_ITERATORS = (type(iter([])), type(iter(())))
+
+
+class ItemChain(itertools.chain):
+    """An ``itertools.chain`` over the item iterators that ``item_iterators`` (a generator over
+    blocks) yields: C code hands the items out, Python runs once per block. A subclass says
+    what makes it (``_MADE_BY``); ``from_iterable`` and pickling are refused (what it reads
+    cannot travel; ``_INSTEAD``: what can)."""
+
+    _MADE_BY = "streamio"
+    _INSTEAD = ""
+
+    def __new__(cls, item_iterators: Any) -> "ItemChain":
+        return super().from_iterable(item_iterators)
+
+    @classmethod
+    def from_iterable(cls, iterable: Any) -> "ItemChain":
+        raise UsageTypeError(f"{cls._MADE_BY} makes this iterator, not from_iterable()")
+
+    def __reduce__(self) -> Any:
+        raise UsageTypeError(f"this iterator cannot be pickled{self._INSTEAD}")
 
 
 def close_iterator(blocks: Any) -> None:

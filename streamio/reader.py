@@ -29,7 +29,7 @@ from .formats.index_file import without_index_files
 from .formats.recordio import MULTIPART_CHOICES
 from .formats import check_common
 from . import _read_buffers as read_buffers
-from ._util import exhaust_iterator
+from ._util import ItemChain, exhaust_iterator
 from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
                       source_name)
 from .sources.base import check_timeout
@@ -408,8 +408,8 @@ class RecordReader:
                 yield view[:n]
 
     def __iter__(self) -> Iterator[bytes]:
-        for records in self.record_lists():
-            yield from records
+        # Each read's list handed out by C code, not a record at a time by a generator.
+        return itertools.chain.from_iterable(self.record_lists())
 
     def close(self) -> None:
         """Close the source (safe to call more than once, and before or after iterating)."""
@@ -496,31 +496,26 @@ def read_records(source: Any, format: str, *, compression: Optional[str] = "infe
     return _Records(readers)
 
 
-class _Records(itertools.chain):
+class _Records(ItemChain):
     """What :func:`read_records` returns: the readers' records in order, handed out by C code
     (a chain over each read's list of records; Python runs once per read, not per record: a
     fifth less time an epoch of 178-byte records than a generator's ``yield from``). As a
     generator's, ``close()`` closes the reader being read, as does dropping it."""
 
+    _MADE_BY = "read_records()"
+
     def __new__(cls, readers: list) -> "_Records":
         # The list being handed out, kept here (not on the chain: no reference cycle).
         current: list = [iter(())]
         lists = _record_lists(readers, current)
-        self = super().from_iterable(lists)
+        self = super().__new__(cls, lists)
         self._lists, self._current = lists, current
         return self
-
-    @classmethod
-    def from_iterable(cls, iterable: Any) -> "_Records":
-        raise UsageTypeError("read_records() makes this iterator, not from_iterable()")
 
     def close(self) -> None:
         """Stop: nothing more is handed out and the reader being read is closed."""
         exhaust_iterator(self._current[0])
         self._lists.close()
-
-    def __reduce__(self) -> Any:
-        raise UsageTypeError("read_records() gives an iterator that cannot be pickled")
 
 
 def _record_lists(readers: list, current: list) -> Iterator[Iterator[bytes]]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import operator
 import time
 from typing import Any, Iterator, Optional
 
-from .._util import batch_rows as _batch_rows, exhaust_iterator
-from ..errors import UsageError, UsageTypeError
+from .._util import ItemChain, batch_rows as _batch_rows, exhaust_iterator
+from ..errors import UsageError
 from . import resume as _resume
 from .stages import close_blocks
 from .stats import EpochStats
@@ -16,7 +15,7 @@ from .stats import EpochStats
 __all__ = ["EpochIterator"]
 
 
-class EpochIterator(itertools.chain):
+class EpochIterator(ItemChain):
     """One epoch of a Dataset: yields items and owns everything the epoch opened.
 
     ``close()`` (also on ``break`` out of a ``for`` loop, when the iterator is dropped, or at
@@ -24,11 +23,13 @@ class EpochIterator(itertools.chain):
     :meth:`Dataset.stats` happens here, once per block, not per item.
 
     Items are handed out by C code (``itertools.chain`` over each block's list iterator, a
-    subclass of it): Python runs once per block, not once per item, which was a third of an
-    epoch of small records. Where the epoch stands (:attr:`delivered`) is the blocks before
+    subclass of it: ``_util.ItemChain``): Python runs once per block, not once per item, which
+    was a third of an epoch of small records. Where the epoch stands (:attr:`delivered`) is the blocks before
     the current one plus what the current block's iterator has given.
     """
 
+    _MADE_BY = "iter(dataset)"
+    _INSTEAD = ": its state_dict() can"
     _feed: "_Feed"
     # (Dataset, epoch, items skipped by a resume[, the elastic resume it continues])
     _origin: Optional[tuple]
@@ -39,14 +40,10 @@ class EpochIterator(itertools.chain):
         # holds no reference to the iterator, so a dropped iterator is freed (and closed) at
         # once, not by the cycle collector.
         feed = _Feed(blocks, stats, batched)
-        self = super().from_iterable(_item_iterators(feed))
+        self = super().__new__(cls, _item_iterators(feed))
         self._feed = feed
         self._origin = None
         return self
-
-    @classmethod
-    def from_iterable(cls, iterable: Any) -> "EpochIterator":
-        raise UsageTypeError("an EpochIterator comes from iter(dataset), not from_iterable()")
 
     @property
     def _stats(self) -> EpochStats:
@@ -103,9 +100,6 @@ class EpochIterator(itertools.chain):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __reduce__(self) -> Any:
-        raise UsageTypeError("an EpochIterator cannot be pickled: its state_dict() can")
 
 
 class _Feed:

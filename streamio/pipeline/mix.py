@@ -38,13 +38,13 @@ took 1.09-1.12x as long as its inputs read alone this way against 1.19-1.24x pla
 1.03-1.06x with the Example decoder after it, and records of 16 KiB 1.09-1.14x (four runs,
 2026-11-27, with items handed out by C code: ``EpochIterator``, which made an epoch of
 records a third shorter, mixed or not, so the same milliseconds the mix adds are a larger
-share; 1.08-1.09x, 0.98-1.02x and 1.05-1.11x before it; docs/resume.md, "What it costs"). An input's block of records in a list that only the mix holds
-(a reader's, handed over by the generators that made it: they keep no reference to what they
-yield) gives its items up to the output instead of having them counted, so placing a record
-does not touch it (counting it up, and down again when the input's block is freed, read memory
-the record had left a whole read earlier: a quarter fewer cache misses per epoch in the
-benchmark under valgrind's cache model); a block someone else holds (a cache's) is read, as
-before. Output blocks are about as long as
+share; 1.08-1.09x, 0.98-1.02x and 1.05-1.11x before it; docs/resume.md, "What it costs").
+An input's block of records in a list that only the mix holds (a reader's, handed over by the
+generators that made it: they keep no reference to what they yield) gives its items up to the
+output instead of having them counted, so placing a record does not touch it (counting it up,
+and down again when the input's block is freed, read memory the record had left a whole read
+earlier: a quarter fewer cache misses per epoch in the benchmark under valgrind's cache model);
+a block someone else holds (a cache's) is read, as before. Output blocks are about as long as
 the inputs' longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items). Without a
 decoder after the mix a block also ends where an input's block or the draws end (its records
 reach the consumer soonest, while they are still in the CPU's cache). With one (the mix's

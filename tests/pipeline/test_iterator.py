@@ -163,3 +163,18 @@ def test_read_records_error_comes_after_every_record_before_it(tmp_path):
             got.append(record)
     assert _ids(got) == list(range(49))
     assert "cut.tfrecord" in str(caught.value)
+
+
+def test_a_record_reader_iterated_and_dropped_closes_its_source(path):
+    from streamio.reader import RecordReader
+
+    records = iter(RecordReader(path, "tfrecord", read_size=300))
+    assert _ids([next(records) for _ in range(5)]) == list(range(5))
+    assert path in fd_targets()
+    gc.disable()  # a reference cycle would keep it open until the collector ran
+    try:
+        del records
+        assert path not in fd_targets()
+    finally:
+        gc.enable()
+    assert _ids(RecordReader(path, "tfrecord", read_size=300)) == list(range(N))
