@@ -25,7 +25,8 @@
  * taken from it is made here, a bytes object copied out of the buffer, so a mixed epoch makes
  * its records in the order it hands them out (and frees them in that order), as an input read
  * alone does, instead of placing records made a read earlier in each input's order. A pair
- * outside its buffer is a ValueError.
+ * outside its buffer is a ValueError. Two such parts without origins (the commonest mix) take
+ * a loop of their own, take_two_spans.
  * ------------------------------------------------------------------------------------------- */
 
 #define MAX_PARTS 256
@@ -77,6 +78,56 @@ static inline Py_ssize_t pick(const uint64_t *bounds, Py_ssize_t nparts, uint64_
             lo = mid + 1;
     }
     return lo;
+}
+
+/* The main loop of py_mix_take for its most common call: two parts, both records in a buffer
+ * (a mix of two TFRecord inputs read as they are), no origins. The same steps and results,
+ * with both parts' counts of items taken in registers (the general loop keeps them in an array
+ * in memory, and a draw of the part the draw before it took reads the count that draw stored)
+ * and the part picked by one comparison: a fifth fewer instructions in the kernel (callgrind:
+ * 24.5 to 19.0 million an epoch of the benchmark's 400,000 records), the mixed epoch 0.99x the
+ * time [quartiles 0.97-1.00] (24 rounds, old and new code by turns, 2026-11-27). Takes from
+ * draw `d` on, at most `most`; returns the number n of items placed in slot[0:n], their
+ * parts' counts in taken[0:2] and the part that ran out in *short_part (else -1, left as it
+ * was). A pair outside its buffer, or a failed allocation, sets the error and *failed, and
+ * returns the items placed before it. */
+static Py_ssize_t take_two_spans(const unsigned char *d, Py_ssize_t most, uint64_t bound,
+                                 const Py_ssize_t *avail, const Py_ssize_t *first,
+                                 const char *const *base, const Py_ssize_t *size,
+                                 const int64_t *const *pairs, Py_ssize_t *taken, PyObject **slot,
+                                 Py_ssize_t *short_part, int *failed)
+{
+    Py_ssize_t n = 0, t0 = taken[0], t1 = taken[1];
+    for (; n < most; n++, d += DRAW_BYTES) {
+        uint64_t u = (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16 |
+                     (uint64_t)d[3] << 24;
+        int k = u >= bound; /* pick() for two parts */
+        Py_ssize_t j = k ? t1 : t0;
+        if (j == avail[k]) {
+            *short_part = k;
+            break;
+        }
+        int64_t offset = pairs[k][2 * j], length = pairs[k][2 * j + 1];
+        if (offset < 0 || length < 0 || offset > size[k] || length > size[k] - offset) {
+            PyErr_Format(PyExc_ValueError, "parts[%d] item %zd lies outside its buffer", k,
+                         first[k] + j);
+            *failed = 1;
+            break;
+        }
+        PyObject *item = PyBytes_FromStringAndSize(base[k] + offset, (Py_ssize_t)length);
+        if (item == NULL) {
+            *failed = 1;
+            break;
+        }
+        slot[n] = item;
+        if (k)
+            t1 = j + 1;
+        else
+            t0 = j + 1;
+    }
+    taken[0] = t0;
+    taken[1] = t1;
+    return n;
 }
 
 static PyObject *py_mix_take(PyObject *self, PyObject *args)
@@ -325,7 +376,16 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
     slot = most ? PySequence_Fast_ITEMS(out) + had : NULL;
     Py_ssize_t short_part = -1;
     placed = 1; /* from here a failure gives back what was placed */
-    for (; n < most; n++, d += DRAW_BYTES) {
+    int two_spans = nparts == 2 && span_base[0] != NULL && span_base[1] != NULL &&
+                    origin_out == NULL;
+    if (two_spans) {
+        int failed = 0;
+        n = take_two_spans(d, most, bounds[0], avail, first, span_base, span_len, span_pairs,
+                           taken, slot, &short_part, &failed);
+        if (failed)
+            goto fail;
+    }
+    for (; !two_spans && n < most; n++, d += DRAW_BYTES) {
         uint64_t u = (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16 |
                      (uint64_t)d[3] << 24;
         Py_ssize_t k = pick(bounds, nparts, u);

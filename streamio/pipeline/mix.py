@@ -33,12 +33,14 @@ consecutive records of the output lie far apart). A read's block is used up befo
 is asked for the next, which reads into the same buffer (the reader releases the buffer first,
 so a block kept too long raises rather than gives other bytes). Inputs read that way only while
 their records are small (``reader.SPAN_MEAN_MAX``: making a record from its span is a second
-pass over its bytes); larger ones come as lists. On the benchmark's records (178 bytes) the mix
-took 1.09-1.12x as long as its inputs read alone this way against 1.19-1.24x placed,
-1.03-1.06x with the Example decoder after it, and records of 16 KiB 1.09-1.14x (four runs,
-2026-11-27, with items handed out by C code: ``EpochIterator``, which made an epoch of
-records a third shorter, mixed or not, so the same milliseconds the mix adds are a larger
-share; 1.08-1.09x, 0.98-1.02x and 1.05-1.11x before it; docs/resume.md, "What it costs").
+pass over its bytes); larger ones come as lists. Two inputs read that way, without origins,
+take a loop of the kernel's own (``take_two_spans``: a fifth fewer instructions in the
+kernel, the mixed epoch 0.99x). On the benchmark's records (178 bytes) the mix took
+1.09-1.10x as long as its inputs read alone this way against 1.18-1.21x placed, 1.03-1.04x
+with the Example decoder after it, and records of 16 KiB 1.12-1.13x (three runs, 2026-11-27;
+the code before that loop gave 1.09, 1.05-1.06 and 1.13-1.14 in two runs between them; with
+items handed out by Python, before ``EpochIterator`` made an epoch of records a third shorter,
+mixed or not, 1.08-1.09x, 0.98-1.02x and 1.05-1.11x; docs/resume.md, "What it costs").
 An input's block of records in a list that only the mix holds (a reader's, handed over by the
 generators that made it: they keep no reference to what they yield) gives its items up to the
 output instead of having them counted, so placing a record does not touch it (counting it up,

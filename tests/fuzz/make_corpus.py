@@ -312,7 +312,8 @@ def mix_take_seeds(rng: random.Random) -> List[bytes]:
     """Two to a few parts by weight (3/4 and 1/4 as the mix benchmark, equal thirds, an empty
     range), with and without origins; parts that run out before the draws, draws that run out
     first, a limit that cuts; parts held only by the kernel's argument (moved out) or elsewhere
-    too (read), and an output list given to append to."""
+    too (read), an output list given to append to; records in buffers, two such parts alone
+    among them."""
     seeds = []
     for cuts in ([3 << 30], [1 << 30, 2 << 30], [0, 1 << 31, 1 << 31]):
         k = len(cuts) + 1
@@ -331,6 +332,12 @@ def mix_take_seeds(rng: random.Random) -> List[bytes]:
             seeds.append(T.encode_mix_take(sizes, starts, cuts, draws, origins=origins,
                                            spans=True))
             seeds.append(T.encode_mix_take(sizes, [0] * k, cuts, draws, spans=True, raw=True))
+        # Two parts of records in buffers, without origins: the kernel's own loop for them.
+        draws = [rng.getrandbits(32) for _ in range(rng.randint(20, 80))]
+        seeds.append(T.encode_mix_take([2 * rng.randint(0, 20), 2 * rng.randint(0, 20)],
+                                       [0, 1], cuts[:1], draws, spans=True,
+                                       limit=rng.choice([7, 64, 255])))
+        seeds.append(T.encode_mix_take([40, 30], [0, 0], cuts[:1], draws, spans=True, raw=True))
     return seeds
 
 

@@ -515,8 +515,9 @@ def encode_mix_take(sizes: Sequence[int], starts: Sequence[int], cuts: Sequence[
     """Parts of ``sizes`` items (each < 256) from ``starts``, bounds ``cuts`` (one fewer than
     the parts; sorted by the decoder), then the draws (uint32). ``shared``: the parts are also
     held elsewhere (read, not moved); ``into``: a list of that many items (1-7) to append to;
-    ``spans``: the odd parts are records in a buffer; ``raw``: starts as given (one past its
-    part is refused) and a span part's last pair past its buffer."""
+    ``spans``: the odd parts, and those of an even size, are records in a buffer (two parts
+    of even sizes: the kernel's loop for two such parts, without origins); ``raw``: starts as
+    given (one past its part is refused) and a span part's last pair past its buffer."""
     flags = origins | raw << 2 | shared << 3 | (into & 7) << 4 | spans << 7
     head = bytes([len(sizes) - 1, flags, begin, limit])
     head += b"".join(bytes([n, s]) for n, s in zip(sizes, starts))
@@ -530,9 +531,10 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     int64 array per part), bit 1: a raw cut (unsorted, or past 2**32: refused), bit 2: a start
     past its part (refused), bit 3: the parts are held elsewhere too (the kernel reads them;
     else it moves the taken items out, None in their slots), bits 4-6: the items go into a
-    given list already holding that many, bit 7: the odd parts are records in a buffer (a
-    ``(buffer, spans)`` tuple, whose items the kernel makes; with bit 2, the last pair of each
-    points past the buffer: refused when taken). Reference: ``mix_take_reference``, on its own
+    given list already holding that many, bit 7: the odd parts and those of an even size are
+    records in a buffer (a ``(buffer, spans)`` tuple, whose items the kernel makes; two such
+    parts without origins take the kernel's own loop for them; with bit 2, the last pair of
+    each points past the buffer: refused when taken). Reference: ``mix_take_reference``, on its own
     copy of the parts."""
     from streamio.pipeline.mix import mix_take_reference
 
@@ -554,7 +556,7 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     draws = inp.rest()
     begin = min(begin, len(draws) // 4 + 1)  # mostly in range, sometimes one past the end
     blocks = [[("item", j, i) for i in range(size)] for j, size in enumerate(sizes)]
-    spanned = [bool(flags & 128) and j % 2 == 1 for j in range(k)]
+    spanned = [bool(flags & 128) and (j % 2 == 1 or sizes[j] % 2 == 0) for j in range(k)]
     buffers: Dict[int, bytes] = {}
     pairs: Dict[int, np.ndarray] = {}
     for j in range(k):

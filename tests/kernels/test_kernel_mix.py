@@ -106,6 +106,97 @@ def test_mix_take_equals_the_reference(k, track, shared, prefix, into, data):
     assert [sys.getrefcount(item) for item in everything] == baseline  # none leaked or lost
 
 
+def _span_part(data, bad: bool) -> tuple:
+    """Records in a buffer as a reader's spans give them: ``(buffer, int64 pairs)``, with
+    bytes before, between and after the records; ``bad``: one pair outside the buffer."""
+    records = data.draw(st.lists(st.binary(max_size=6), max_size=12))
+    gaps = data.draw(st.lists(st.binary(max_size=3), min_size=len(records) + 1,
+                              max_size=len(records) + 1))
+    buffer, pairs = bytearray(gaps[0]), []
+    for record, gap in zip(records, gaps[1:]):
+        pairs += [len(buffer), len(record)]
+        buffer += record + gap
+    if bad and records:
+        i = data.draw(st.integers(0, len(records) - 1))
+        pairs[2 * i:2 * i + 2] = data.draw(st.sampled_from([
+            (len(buffer) + 1, 0), (0, len(buffer) + 1), (-1, 1), (0, -1),
+            (len(buffer) - 1, 2), (1 << 62, 1 << 62)]))
+    return (bytes(buffer), np.array(pairs, dtype=np.int64)), records
+
+
+@SLOW_OK
+@given(two=st.booleans(), k=st.integers(1, 4), track=st.booleans(), shared=st.booleans(),
+       bad=st.booleans(), data=st.data())
+def test_mix_take_makes_the_records_of_span_parts_as_the_reference_does(two, k, track, shared,
+                                                                         bad, data):
+    """Parts that are records still in a buffer (a mix of TFRecord inputs), beside lists or
+    not, and two of them without origins (``two``: the kernel's own loop for the commonest
+    mix): the same records in the same order, the same stop, starts and origins as the
+    reference; a pair outside its buffer refused at the draw that takes it; no reference to a
+    list's items, a buffer or its pairs gained or lost."""
+    if two:
+        k, track = 2, False
+    ndraws = data.draw(st.integers(0, 80))
+    draws = data.draw(st.binary(min_size=4 * ndraws, max_size=4 * ndraws))
+    bounds = _bounds(data, k)
+    spanned = [two or data.draw(st.booleans()) for _ in range(k)]
+    parts_made, blocks = [], []
+    for j in range(k):
+        if spanned[j]:
+            part, records = _span_part(data, bad)
+            parts_made.append(part)
+            blocks.append(records)
+        else:
+            block = [[item] for item in data.draw(st.lists(ITEMS, max_size=12))]
+            parts_made.append(block)
+            blocks.append(block)
+    starts = [data.draw(st.integers(0, len(block))) for block in blocks]
+    origins = [np.arange(len(b), dtype=np.int64) + 100 * j for j, b in enumerate(blocks)]
+    limit = data.draw(st.integers(0, 60))
+    begin = data.draw(st.integers(0, ndraws))
+    everything = ([x for j, b in enumerate(blocks) if not spanned[j] for x in b]
+                  + [x for j, p in enumerate(parts_made) if spanned[j] for x in p if len(x)])
+    baseline = [sys.getrefcount(x) for x in everything]
+    runs = {}
+    for name, fn in (("reference", mix_take_reference), ("kernel", speedups.mix_take)):
+        parts = [p if spanned[j] else list(p) for j, p in enumerate(parts_made)]
+        others = list(parts) if shared else None
+        out_ids = np.full(limit, -1, dtype=np.int64)
+        given = list(starts)
+        try:
+            items, end, short = fn(draws, begin, limit, bounds, parts, given,
+                                   origins if track else None, out_ids if track else None)
+        except ValueError as exc:
+            runs[name] = (str(exc), given)
+        else:
+            assert all(type(x) is bytes for x in items if not isinstance(x, list))
+            runs[name] = ([x if type(x) is bytes else id(x) for x in items], end, short, given,
+                          out_ids[:end - begin].tolist() if track else None)
+            del items
+        del parts, others
+    assert runs["kernel"] == runs["reference"]
+    assert [sys.getrefcount(x) for x in everything] == baseline
+    if len(runs["kernel"]) == 2:  # refused: only for a pair outside its buffer
+        assert bad and "lies outside its buffer" in runs["kernel"][0]
+        assert runs["kernel"][1] == starts  # nothing taken
+        return
+    got, end, short, after, _ = runs["kernel"]
+    # Each draw took the next record of the part its bounds say.
+    u = np.frombuffer(draws, "<u4")
+    taken = [0] * k
+    for t in range(begin, end):
+        j = int(np.argmax(u[t] < bounds))
+        want = blocks[j][starts[j] + taken[j]]
+        assert got[t - begin] == (want if spanned[j] else id(want))
+        taken[j] += 1
+    assert after == [s + n for s, n in zip(starts, taken)]
+    if short >= 0:
+        assert np.argmax(u[end] < bounds) == short
+        assert after[short] == len(blocks[short])
+    else:
+        assert end - begin == limit or end == ndraws
+
+
 def test_mix_take_moves_items_out_of_a_part_only_parts_holds():
     """The mix's case: an input block held by `parts` alone gives its items up (None in their
     slots), so each item is held once, by the output, and nothing is counted twice; a block
