@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 
 import numpy as np
 import pytest
@@ -35,10 +34,10 @@ def _records(k: int) -> list:
 
 
 @pytest.fixture(scope="module")
-def sources():
+def sources(tmp_path_factory):
     """Three files; the same records in one file (split by byte range), in one gzip file
     (compressed: dealt round-robin) and as three HTTP URLs."""
-    tmp = tempfile.mkdtemp(prefix="streamio-elastic-")
+    tmp = str(tmp_path_factory.mktemp("elastic"))
     files, blobs = [], []
     for k in range(N_FILES):
         path = os.path.join(tmp, f"part-{k}.tfrecord")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import Counter
 
 import numpy as np
@@ -47,9 +46,9 @@ def _decoder() -> Example:
 
 
 @pytest.fixture(scope="module")
-def sources():
+def sources(tmp_path_factory):
     """The same records as plain files, gzip files, HTTP URLs and (if moto is there) S3 URIs."""
-    tmp = tempfile.mkdtemp(prefix="streamio-resume-")
+    tmp = str(tmp_path_factory.mktemp("resume"))
     out = {"file": [], "gzip": [], "http": []}
     blobs = []
     for k in range(N_FILES):

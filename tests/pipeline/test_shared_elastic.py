@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -50,8 +49,8 @@ CHAINS = {
 
 
 @pytest.fixture(scope="module")
-def files():
-    tmp = tempfile.mkdtemp(prefix="streamio-shared-elastic-")
+def files(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("shared-elastic"))
     path = os.path.join(tmp, "all.tfrecord")
     streamio.write_records(path, "tfrecord", RECORDS)
     gz = os.path.join(tmp, "all.tfrecord.gz")
