@@ -208,27 +208,35 @@ fail:
 }
 
 PyDoc_STRVAR(scan_tfrecord_spans_doc,
-"scan_tfrecord_spans(buf, pos, end, verify, max_record_size, spans) -> (n, pos, status)\n\n"
+"scan_tfrecord_spans(buf, pos, end, verify, max_record_size, spans, data=True)\n"
+"    -> (n, pos, status)\n\n"
 "Frame whole TFRecords from buf[pos:end] as scan_tfrecords does, but write each payload's\n"
 "(offset in buf, length) to the writable int64 buffer spans (two entries a record) instead\n"
-"of making a bytes object; stops with status OK once spans is full. Same frames, pos and\n"
-"status as streamio.formats.tfrecord.scan_tfrecord_spans (the reference).");
+"of making a bytes object; stops with status OK once spans is full. data=False: the payload\n"
+"CRCs are not checked (only the headers, under verify): the consumer checks each one as it\n"
+"copies the record (the CRC follows the payload in buf). Same frames, pos and status as\n"
+"streamio.formats.tfrecord.scan_tfrecord_spans (the reference).");
 
 static PyObject *py_scan_tfrecord_spans(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"buf", "pos", "end", "verify", "max_record_size", "spans", NULL};
-    PyObject *bufobj, *verify_obj, *limit_obj, *spans_obj;
+    static char *kwlist[] = {"buf", "pos", "end", "verify", "max_record_size", "spans", "data",
+                             NULL};
+    PyObject *bufobj, *verify_obj, *limit_obj, *spans_obj, *data_obj = Py_True;
     Py_ssize_t pos, end, count = 0;
     Py_buffer view, out = {0};
     size_limit lim;
     frame_span spans[SCAN_BATCH];
-    int status = ST_OK, verify;
+    int status = ST_OK, verify, data;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOOO:scan_tfrecord_spans", kwlist, &bufobj,
-                                     &pos, &end, &verify_obj, &limit_obj, &spans_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OnnOOO|O:scan_tfrecord_spans", kwlist,
+                                     &bufobj, &pos, &end, &verify_obj, &limit_obj, &spans_obj,
+                                     &data_obj))
         return NULL;
     verify = PyObject_IsTrue(verify_obj);
     if (verify < 0 || parse_limit(limit_obj, &lim) < 0)
+        return NULL;
+    data = PyObject_IsTrue(data_obj);
+    if (data < 0)
         return NULL;
     if (PyObject_GetBuffer(bufobj, &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -250,14 +258,15 @@ static PyObject *py_scan_tfrecord_spans(PyObject *self, PyObject *args, PyObject
     int64_t *dst = (int64_t *)out.buf;
     Py_ssize_t cap = out.len / 16;
     /* Frames are located a batch at a time, and the payload CRCs of those there is room for
-     * checked; the first mismatch ends the scan at its frame, as in scan_tfrecords. */
+     * checked (unless left to the consumer: data); the first mismatch ends the scan at its
+     * frame, as in scan_tfrecords. */
     while (count < cap) {
         int stopped;
         Py_ssize_t next, payload, room = cap - count;
         int n = tfrecord_locate(buf, pos, end, verify, &lim, spans, &stopped, &status, &next,
                                 &payload);
         int want = n < room ? n : (int)room;
-        int good = tfrecord_copy(buf, spans, NULL, want, verify);
+        int good = tfrecord_copy(buf, spans, NULL, want, verify && data);
         for (int i = 0; i < good; i++) {
             dst[2 * (count + i)] = (int64_t)spans[i].start;
             dst[2 * (count + i) + 1] = (int64_t)spans[i].length;

@@ -25,8 +25,13 @@
  * taken from it is made here, a bytes object copied out of the buffer, so a mixed epoch makes
  * its records in the order it hands them out (and frees them in that order), as an input read
  * alone does, instead of placing records made a read earlier in each input's order. A pair
- * outside its buffer is a ValueError. Two such parts without origins (the commonest mix) take
- * a loop of their own, take_two_spans.
+ * outside its buffer is a ValueError. A part (buffer, spans, True) holds records each followed
+ * in the buffer by its masked CRC-32C (TFRecord's footer, left unchecked by the reader's scan):
+ * the CRC is computed as the record is copied (one pass over its bytes, as a reader's list
+ * scan makes a record), and a record whose CRC does not match stops the pass before its draw,
+ * as a part that ran out does (`short` is the part; its start stays at that record, so the
+ * caller tells the two apart). Two span parts without origins (the commonest mix) take a loop
+ * of their own, take_two_spans.
  * ------------------------------------------------------------------------------------------- */
 
 #define MAX_PARTS 256
@@ -47,10 +52,12 @@ PyDoc_STRVAR(mix_take_doc,
 "the first part k with u < bounds[k] (bounds: a contiguous buffer of uint64, one per part,\n"
 "non-decreasing, the last 2**32) and takes the next item of parts[k] (a list, or a tuple\n"
 "(buffer, spans) whose items are bytes made from buffer at spans' (offset, length) int64\n"
-"pairs) from\n"
+"pairs, or (buffer, spans, True): the same, each record's masked CRC-32C following it in\n"
+"buffer, checked) from\n"
 "starts[k] (a list of ints, updated in place), appending it to `out` (a list, not one of the\n"
 "parts; None: a new list), which is returned. Stops after `limit` items, at the end of the\n"
-"draws, or before the first draw whose part has no item left: `short` is that part, else -1;\n"
+"draws, or before the first draw whose part has no item left or whose record's CRC does not\n"
+"match (its start left at it): `short` is that part, else -1;\n"
 "`end` is the first draw not used. origins (None, or a list of int64 buffers as long as the\n"
 "parts) gives each item's origin, written to origins_out[0:n] for the n items of this pass\n"
 "(a writable int64 buffer of at least min(limit, draws left) entries). A part that only the\n"
@@ -80,6 +87,12 @@ static inline Py_ssize_t pick(const uint64_t *bounds, Py_ssize_t nparts, uint64_
     return lo;
 }
 
+/* A span part: (buffer, spans) or (buffer, spans, crcs). */
+static inline int is_span_part(PyObject *part)
+{
+    return PyTuple_CheckExact(part) && (PyTuple_GET_SIZE(part) == 2 || PyTuple_GET_SIZE(part) == 3);
+}
+
 #if defined(__GNUC__) || defined(__clang__)
 #define COLD __attribute__((cold, noinline))
 #else
@@ -95,18 +108,34 @@ static COLD PyObject *span_outside(Py_ssize_t k, Py_ssize_t index)
 /* Item j of span part k (pair: its (offset, length)) made as a bytes object out of the part's
  * buffer of `size` bytes at `base`; NULL with a ValueError for a pair outside the buffer (item
  * `index` of the part; reported out of line, so that the loops stay tight), or with the
- * allocator's error. */
-static inline PyObject *span_item(const char *base, Py_ssize_t size, const int64_t *pair,
-                                  Py_ssize_t k, Py_ssize_t index)
+ * allocator's error. `crc`: the record's masked CRC-32C follows it in the buffer (inside it,
+ * or the pair is outside), computed as the record is copied; a mismatch gives NULL with no
+ * error set (the record is not made). */
+static inline __attribute__((always_inline)) PyObject *
+span_item(const char *base, Py_ssize_t size, const int64_t *pair, Py_ssize_t k,
+          Py_ssize_t index, int crc)
 {
     int64_t offset = pair[0], length = pair[1];
-    if (offset < 0 || length < 0 || offset > size || length > size - offset)
+    if (offset < 0 || length < 0 || offset > size || length > size - offset ||
+        (crc && size - offset - length < 4))
         return span_outside(k, index);
-    return PyBytes_FromStringAndSize(base + offset, (Py_ssize_t)length);
+    if (!crc)
+        return PyBytes_FromStringAndSize(base + offset, (Py_ssize_t)length);
+    PyObject *item = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+    if (item == NULL)
+        return NULL;
+    const unsigned char *from = (const unsigned char *)base + offset;
+    uint32_t sum = crc32c_copy(0, (unsigned char *)PyBytes_AS_STRING(item), from, (size_t)length);
+    if (mask_crc(sum) != load_le32(from + length)) {
+        Py_DECREF(item);
+        return NULL;
+    }
+    return item;
 }
 
 /* The main loop of py_mix_take for its most common call: two parts, both records in a buffer
- * (a mix of two TFRecord inputs read as they are), no origins. The same steps and results,
+ * (a mix of two TFRecord inputs read as they are), both with their CRCs or neither, no
+ * origins. The same steps and results,
  * with both parts' counts of items taken in registers (the general loop keeps them in an array
  * in memory, and a draw of the part the draw before it took reads the count that draw stored)
  * and the part picked by one comparison; with a bad pair reported out of line (span_item), a
@@ -114,14 +143,15 @@ static inline PyObject *span_item(const char *base, Py_ssize_t size, const int64
  * benchmark's 400,000 records), the mixed epoch 0.99x the time [quartiles 0.97-1.00] (20 and
  * 24 rounds, old and new code by turns, 2026-11-27). Takes from
  * draw `d` on, at most `most`; returns the number n of items placed in slot[0:n], their
- * parts' counts in taken[0:2] and the part that ran out in *short_part (else -1, left as it
- * was). A pair outside its buffer, or a failed allocation (span_item), sets the error and
- * *failed, and returns the items placed before it. */
-static Py_ssize_t take_two_spans(const unsigned char *d, Py_ssize_t most, uint64_t bound,
-                                 const Py_ssize_t *avail, const Py_ssize_t *first,
-                                 const char *const *base, const Py_ssize_t *size,
-                                 const int64_t *const *pairs, Py_ssize_t *taken, PyObject **slot,
-                                 Py_ssize_t *short_part, int *failed)
+ * parts' counts in taken[0:2] and the part that ran out, or whose record failed its CRC, in
+ * *short_part (else -1, left as it was). A pair outside its buffer, or a failed allocation
+ * (span_item), sets the error and *failed, and returns the items placed before it. Compiled
+ * once with CRCs and once without (take_two_spans_crc, take_two_spans_plain). */
+static inline __attribute__((always_inline)) Py_ssize_t
+take_two_spans(const unsigned char *d, Py_ssize_t most, uint64_t bound, const Py_ssize_t *avail,
+               const Py_ssize_t *first, const char *const *base, const Py_ssize_t *size,
+               const int64_t *const *pairs, Py_ssize_t *taken, PyObject **slot,
+               Py_ssize_t *short_part, int *failed, int crc)
 {
     Py_ssize_t n = 0, t0 = taken[0], t1 = taken[1];
     for (; n < most; n++, d += DRAW_BYTES) {
@@ -133,9 +163,12 @@ static Py_ssize_t take_two_spans(const unsigned char *d, Py_ssize_t most, uint64
             *short_part = k;
             break;
         }
-        PyObject *item = span_item(base[k], size[k], pairs[k] + 2 * j, k, first[k] + j);
+        PyObject *item = span_item(base[k], size[k], pairs[k] + 2 * j, k, first[k] + j, crc);
         if (item == NULL) {
-            *failed = 1;
+            if (crc && !PyErr_Occurred())
+                *short_part = k; /* its CRC did not match */
+            else
+                *failed = 1;
             break;
         }
         slot[n] = item;
@@ -147,6 +180,22 @@ static Py_ssize_t take_two_spans(const unsigned char *d, Py_ssize_t most, uint64
     taken[0] = t0;
     taken[1] = t1;
     return n;
+}
+
+#define TAKE_TWO_SPANS_ARGS                                                                    \
+    const unsigned char *d, Py_ssize_t most, uint64_t bound, const Py_ssize_t *avail,          \
+        const Py_ssize_t *first, const char *const *base, const Py_ssize_t *size,              \
+        const int64_t *const *pairs, Py_ssize_t *taken, PyObject **slot, Py_ssize_t *short_part, \
+        int *failed
+static Py_ssize_t take_two_spans_crc(TAKE_TWO_SPANS_ARGS)
+{
+    return take_two_spans(d, most, bound, avail, first, base, size, pairs, taken, slot,
+                          short_part, failed, 1);
+}
+static Py_ssize_t take_two_spans_plain(TAKE_TWO_SPANS_ARGS)
+{
+    return take_two_spans(d, most, bound, avail, first, base, size, pairs, taken, slot,
+                          short_part, failed, 0);
 }
 
 static PyObject *py_mix_take(PyObject *self, PyObject *args)
@@ -169,6 +218,7 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
     const char *span_base[MAX_PARTS];
     Py_ssize_t span_len[MAX_PARTS];
     const int64_t *span_pairs[MAX_PARTS];
+    unsigned char span_crc[MAX_PARTS] = {0}; /* each record's CRC follows it: checked */
     int any_span = 0;
     Py_ssize_t n = 0;
     const unsigned char *d_first = NULL;
@@ -268,7 +318,7 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
      * checks that each span part still holds the objects whose buffers were taken. */
     for (Py_ssize_t k = 0; k < nparts && k < PyList_GET_SIZE(parts); k++) {
         PyObject *part = PyList_GET_ITEM(parts, k);
-        if (!(PyTuple_CheckExact(part) && PyTuple_GET_SIZE(part) == 2))
+        if (!is_span_part(part))
             continue;
         if (sviews == NULL) {
             sviews = PyMem_Calloc((size_t)nparts * 2, sizeof(Py_buffer));
@@ -279,11 +329,14 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         }
         Py_INCREF(part); /* its items stay alive while their buffers are taken */
         Py_buffer *data = &sviews[2 * k], *pairs = &sviews[2 * k + 1];
-        int got = PyObject_GetBuffer(PyTuple_GET_ITEM(part, 0), data, PyBUF_SIMPLE) == 0 &&
+        int crc = PyTuple_GET_SIZE(part) == 3 ? PyObject_IsTrue(PyTuple_GET_ITEM(part, 2)) : 0;
+        int got = crc >= 0 &&
+                  PyObject_GetBuffer(PyTuple_GET_ITEM(part, 0), data, PyBUF_SIMPLE) == 0 &&
                   PyObject_GetBuffer(PyTuple_GET_ITEM(part, 1), pairs, PyBUF_C_CONTIGUOUS) == 0;
         Py_DECREF(part);
         if (!got)
             goto fail;
+        span_crc[k] = (unsigned char)crc;
         if (pairs->itemsize != 8 || pairs->len % 16) {
             PyErr_Format(PyExc_ValueError,
                          "parts[%zd]'s spans must be int64 (offset, length) pairs", k);
@@ -332,10 +385,10 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
     for (Py_ssize_t k = 0; k < nparts; k++) {
         PyObject *part = PyList_GET_ITEM(parts, k), *start_obj = PyList_GET_ITEM(starts, k);
         span_base[k] = NULL;
-        int is_span = PyTuple_CheckExact(part) && PyTuple_GET_SIZE(part) == 2;
+        int is_span = is_span_part(part);
         if (!PyList_Check(part) && !is_span) {
-            PyErr_Format(PyExc_TypeError, "parts[%zd] must be a list or a (buffer, spans) tuple",
-                         k);
+            PyErr_Format(PyExc_TypeError,
+                         "parts[%zd] must be a list or a (buffer, spans[, crcs]) tuple", k);
             goto fail;
         }
         if (part == out) {
@@ -396,11 +449,12 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
     Py_ssize_t short_part = -1;
     placed = 1; /* from here a failure gives back what was placed */
     int two_spans = nparts == 2 && span_base[0] != NULL && span_base[1] != NULL &&
-                    origin_out == NULL;
+                    span_crc[0] == span_crc[1] && origin_out == NULL;
     if (two_spans) {
         int failed = 0;
-        n = take_two_spans(d, most, bounds[0], avail, first, span_base, span_len, span_pairs,
-                           taken, slot, &short_part, &failed);
+        n = (span_crc[0] ? take_two_spans_crc : take_two_spans_plain)(
+            d, most, bounds[0], avail, first, span_base, span_len, span_pairs, taken, slot,
+            &short_part, &failed);
         if (failed)
             goto fail;
     }
@@ -415,9 +469,14 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         }
         PyObject *item;
         if (span_base[k] != NULL) {
-            item = span_item(span_base[k], span_len[k], span_pairs[k] + 2 * j, k, first[k] + j);
-            if (item == NULL)
-                goto fail;
+            item = span_item(span_base[k], span_len[k], span_pairs[k] + 2 * j, k, first[k] + j,
+                             span_crc[k]);
+            if (item == NULL) {
+                if (!span_crc[k] || PyErr_Occurred())
+                    goto fail;
+                short_part = k; /* its CRC did not match: the pass stops before it */
+                break;
+            }
         } else {
             item = items[k][j];
             if (!owned[k]) {

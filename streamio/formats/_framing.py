@@ -33,6 +33,14 @@ def as_bytes_view(chunk) -> memoryview:
     return view
 
 
+def _crc_matches(record: bytes, buffer, at: int) -> bool:
+    """Whether the masked CRC-32C at ``buffer[at:at + 4]`` is ``record``'s (TFRecord's footer:
+    the one format whose spans leave their CRCs to the consumer)."""
+    from .tfrecord import masked_crc32c
+
+    return masked_crc32c(record) == int.from_bytes(buffer[at:at + 4], "little")
+
+
 class RecordSpans:
     """Records that still lie in a read buffer: a sequence of ``bytes`` made on demand.
 
@@ -44,11 +52,19 @@ class RecordSpans:
     again, after which any use raises ValueError rather than giving other bytes.
     """
 
-    __slots__ = ("buffer", "spans")
+    __slots__ = ("buffer", "spans", "crcs", "error", "_on_fault")
 
-    def __init__(self, buffer, spans) -> None:
+    def __init__(self, buffer, spans, on_fault=None) -> None:
         self.buffer = buffer
         self.spans = spans
+        #: Whether the records' CRCs are left to the consumer (``on_fault`` given): each
+        #: record's masked CRC-32C follows it in ``buffer``; the consumer checks it as it makes
+        #: the record (one pass over its bytes, as the list path's scan does) and reports a
+        #: mismatch with :meth:`fault`. ``__getitem__`` checks it.
+        self.crcs = on_fault is not None
+        #: The error :meth:`fault` returned (the reader raises it when asked for the next block).
+        self.error = None
+        self._on_fault = on_fault
 
     def __len__(self) -> int:
         return len(self.spans) // 2
@@ -62,10 +78,24 @@ class RecordSpans:
         if not 0 <= index < n:
             raise IndexError("record index out of range")
         offset, length = self.spans[2 * index], self.spans[2 * index + 1]
-        return bytes(self.buffer[offset:offset + length])
+        record = bytes(self.buffer[offset:offset + length])
+        if self.crcs and not _crc_matches(record, self.buffer, offset + length):
+            raise self.fault(index)
+        return record
+
+    def fault(self, index: int):
+        """Record ``index`` failed the CRC check its consumer made (:attr:`crcs`): the error the
+        list path raises there (a :class:`~streamio.errors.CorruptRecordError` naming the
+        source, the frame's offset and the record's index), which the consumer raises after
+        the records before it, and the reader again if asked for the next block; the counters
+        stop at that record."""
+        if self.error is None:
+            self.error = self._on_fault(index)
+        return self.error
 
     def __iter__(self):
-        return iter(self[:])
+        # One at a time: a record that fails its CRC (crcs) raises after those before it.
+        return map(self.__getitem__, range(len(self)))
 
     def release(self) -> None:
         """End the records' life (the buffer is about to hold other bytes)."""
@@ -114,6 +144,8 @@ class LengthPrefixedFramer(FramerBase):
         # feed_spans: the span buffer while it runs, and what it framed there.
         self._span_out = None
         self._span_result: Optional[tuple] = None
+        self.span_crcs = False  # the last feed_spans left its payload CRCs to the consumer
+        self._span_origin = (0, 0)
 
     # -- hooks --------------------------------------------------------------------------------
     def _scan(self, buf, pos: int, end: int, out: list) -> tuple[int, int]:
@@ -265,7 +297,7 @@ class LengthPrefixedFramer(FramerBase):
             self._feed(view, out)
         return out
 
-    def feed_spans(self, chunk, spans) -> tuple:
+    def feed_spans(self, chunk, spans, crcs: bool = False) -> tuple:
         """:meth:`feed`, with the records framed where they lie in ``chunk`` left there.
 
         ``spans``: a writable int64 buffer (two entries a record) the framer may fill. Returns
@@ -276,10 +308,17 @@ class LengthPrefixedFramer(FramerBase):
         ``buffer`` holds them only while the chunk's bytes stay as they are. A format without
         a span kernel, a byte range or a resynchronisation frames everything into ``records``.
         Errors, counters and every record delivered are exactly those of :meth:`feed`.
+
+        ``crcs=True``: where the format allows it (TFRecord read with ``verify`` and
+        ``on_error="raise"``: :attr:`span_crcs` then says so), the payload CRCs of the ``n``
+        records are not checked here but left to the consumer, who checks each as it makes the
+        record and reports the first mismatch to :meth:`span_fault` before feeding on.
         """
         if self._scan_spans is None or self._stop_at is not None:
+            self.span_crcs = False
             records = self.feed(chunk)
             return records, None, 0, len(records)
+        self.span_crcs = crcs and self._defers_crcs()
         self._span_out, self._span_result = spans, None
         try:
             records = self.feed(chunk)
@@ -296,10 +335,30 @@ class LengthPrefixedFramer(FramerBase):
         span buffer, then :meth:`_run` frames the rest (a tail, a fault and what follows it)."""
         n, after, _ = self._scan_spans(buf, pos, len(buf), self._span_out)  # _run sees why
         if n:
+            # Where a record the consumer finds damaged lies (span_crcs): the stream offset
+            # of buf[0], and the records framed before the spans.
+            self._span_origin = (self._consumed - pos, self.records)
             self.records += n
             self._consumed += after - pos
             self._span_result = (buf, n, len(out))
         self._run(buf, after, out)
+
+    def span_fault(self, index: int, start: int) -> FormatError:
+        """Record ``index`` of the span block the last :meth:`feed_spans` gave (with
+        :attr:`span_crcs`), whose payload starts at ``start`` in its buffer, failed the CRC
+        check its consumer made: the error :meth:`feed` would have raised at that frame, and
+        the framer stops there as it would have (the error parked, raised by any later call;
+        the records counted up to that one)."""
+        base, before = self._span_origin
+        self.records = before + index
+        pos = start - self.HEADER
+        err = self._data_fault(None, pos, base + pos)
+        self._stop(err)  # deferred only under on_error="raise": parks it
+        return err
+
+    def _defers_crcs(self) -> bool:
+        """Whether :meth:`feed_spans` may leave the payload CRCs to the consumer."""
+        return False
 
     def finish(self) -> list[bytes]:
         self._raise_pending()

@@ -68,13 +68,16 @@ def scan_tfrecords(buf, pos: int, end: int, verify: bool, max_record_size: int,
 
 
 def scan_tfrecord_spans(buf, pos: int, end: int, verify: bool, max_record_size: int,
-                       spans) -> tuple[int, int, int]:
+                       spans, data: bool = True) -> tuple[int, int, int]:
     """Frame whole records from ``buf[pos:end]`` as :func:`scan_tfrecords` does, writing each
     payload's ``(offset in buf, length)`` to ``spans`` (a writable buffer of int64, two entries
     a record) instead of making it a ``bytes``: the records stay in ``buf`` until someone makes
     them (:class:`~streamio.formats._framing.RecordSpans`). Stops with ``OK`` once ``spans`` is
-    full. Returns ``(n, pos, status)``: ``n`` records framed. The reference implementation of
-    ``streamio._speedups.scan_tfrecord_spans``: identical results, same errors."""
+    full. ``data=False``: the payload CRCs are not checked (the headers' are, under
+    ``verify``); the consumer checks each one as it copies the record (its masked CRC follows
+    it in ``buf``), in one pass over its bytes. Returns ``(n, pos, status)``: ``n`` records
+    framed. The reference implementation of ``streamio._speedups.scan_tfrecord_spans``:
+    identical results, same errors."""
     out = memoryview(spans)
     if out.readonly:
         raise BufferError("Object is not writable.")
@@ -101,7 +104,7 @@ def scan_tfrecord_spans(buf, pos: int, end: int, verify: bool, max_record_size: 
         stop = start + length
         if stop + FOOTER_SIZE > end:
             return n, pos, OK
-        if verify and masked_crc32c(buf[start:stop]) != _U32.unpack_from(buf, stop)[0]:
+        if verify and data and masked_crc32c(buf[start:stop]) != _U32.unpack_from(buf, stop)[0]:
             return n, pos, BAD_DATA
         pairs[2 * n], pairs[2 * n + 1] = start, length
         n += 1
@@ -192,7 +195,12 @@ class TFRecordFramer(LengthPrefixedFramer):
         return self._kernel(buf, pos, end, self.verify, self.max_record_size, out)
 
     def _scan_spans(self, buf, pos, end, spans):
-        return self._spans_kernel(buf, pos, end, self.verify, self.max_record_size, spans)
+        return self._spans_kernel(buf, pos, end, self.verify, self.max_record_size, spans,
+                                  not self.span_crcs)
+
+    def _defers_crcs(self):
+        # Under "skip"/"warn" a damaged record is dropped and framing goes on: the scan checks.
+        return self.verify and self.on_error == "raise"
 
     def _frame_size(self, buf, pos):
         return HEADER_SIZE + _HEADER.unpack_from(buf, pos)[0] + FOOTER_SIZE

@@ -123,6 +123,9 @@ class EpochRun:
         # drops each block's records before asking for the next sets it (streamio.mix, for an
         # input without stages). Sources read whole, without a CSV header, give them.
         self.spans = False
+        # Whether their records' CRCs may be left to that consumer (RecordSpans.crcs), which
+        # checks each as it makes the record (RecordReader.record_lists(span_crcs=True)).
+        self.span_crcs = False
 
     @classmethod
     def for_sources(cls, ds: Any, epoch: int, stats: EpochStats) -> "EpochRun":
@@ -236,7 +239,7 @@ class EpochRun:
                 seen = 0  # records of this source so far
                 counters = [0] * len(shares)
                 base = ordinal << INDEX_BITS
-                for records in reader.record_lists(spans=spans):
+                for records in reader.record_lists(spans=spans, span_crcs=self.span_crcs):
                     self.names[ordinal] = reader.source_name
                     if header_first and seen == 0 and (plan is None or plan.byte_range[0] == 0):
                         self.use_header(records[0], reader.source_name)

@@ -25,22 +25,20 @@ decoder needs them, until an output block is full or an input's block is used up
 once or a few times per block, no Python work per item. An input that is its sources alone (no
 stage of its own) and reads TFRecord hands the kernel the records of each read where they lie
 (``RecordReader.record_lists(spans=True)``: the read buffer and each record's offset and
-length, its CRC checked by the scan), and the kernel makes each record (a bytes object) as it
-places it: records are then made, used and freed in the order the mix hands them out, as when
+length, its header checked by the scan), and the kernel makes each record (a bytes object) as
+it places it, checking its CRC as it copies it (``span_crcs``: one pass over the record's
+bytes, as a reader's list scan makes it; a record that fails stops the kernel before it, and
+its reader raises its error there, after the items before it, as if its scan had found it):
+records are then made, used and freed in the order the mix hands them out, as when
 one input is read alone, rather than made a read earlier in each input's order and interleaved
 (the allocator then fills the slots one input's consumed records left with the other's, and
 consecutive records of the output lie far apart). A read's block is used up before the reader
 is asked for the next, which reads into the same buffer (the reader releases the buffer first,
 so a block kept too long raises rather than gives other bytes). Inputs read that way only while
-their records are small (``reader.SPAN_MEAN_MAX``: making a record from its span is a second
-pass over its bytes); larger ones come as lists. Two inputs read that way, without origins,
-take a loop of the kernel's own (``take_two_spans``: a quarter fewer instructions in the
-kernel, the mixed epoch 0.99x). On the benchmark's records (178 bytes) the mix took
-1.09-1.10x as long as its inputs read alone this way against 1.18-1.21x placed, 1.03-1.04x
-with the Example decoder after it, and records of 16 KiB 1.12-1.13x (three runs, 2026-11-27;
-the code before that loop gave 1.09, 1.05-1.06 and 1.13-1.14 in two runs between them; with
-items handed out by Python, before ``EpochIterator`` made an epoch of records a third shorter,
-mixed or not, 1.08-1.09x, 0.98-1.02x and 1.05-1.11x; docs/resume.md, "What it costs").
+their records are small (``reader.SPAN_MEAN_MAX``); larger ones come as lists. Two inputs read
+that way, without origins, take a loop of the kernel's own (``take_two_spans``: a quarter
+fewer instructions in the kernel, the mixed epoch 0.99x). The figures (``streamio bench
+--workloads mix``) are in docs/resume.md, "What it costs".
 An input's block of records in a list that only the mix holds (a reader's, handed over by the
 generators that made it: they keep no reference to what they yield) gives its items up to the
 output instead of having them counted, so placing a record does not touch it (counting it up,
@@ -89,7 +87,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..errors import UsageError, UsageTypeError
-from ..formats._framing import RecordSpans
+from ..formats._framing import RecordSpans, _crc_matches
 from ..reader import DEFAULT_READ_SIZE
 from .dataset import Dataset, _check_seed
 from .epoch import INDEX_BITS, EpochRun, takes_header
@@ -266,6 +264,9 @@ class _Input:
         # (RecordSpans): the kernel makes them in output order, and uses up a block before
         # the next is asked for (see the module's docstring).
         self.run.spans = SPANS and not ds._stages and ds._feed is None
+        # Their CRCs checked by the kernel as it copies each record (one pass over its bytes,
+        # as the list path's scan makes it), where the reader leaves them to it.
+        self.run.span_crcs = True
         if track:
             self.run.track_ids = True
         self.blocks = self.run.build()
@@ -274,6 +275,7 @@ class _Input:
         self.track = track
         self.ids: Optional[np.ndarray] = None
         self.length = 0  # of the block next_block last gave
+        self.spans: Optional[RecordSpans] = None  # that block, if records in a buffer
         self.done = False
         self.error: Optional[BaseException] = None
         self.names_seen = 0
@@ -303,9 +305,13 @@ class _Input:
                 continue
             self.length = length
             if items.__class__ is RecordSpans:
-                items = (items.buffer, items.spans)
-            elif not isinstance(items, list):
-                items = list(items)
+                self.spans = items
+                items = ((items.buffer, items.spans, True) if items.crcs else
+                         (items.buffer, items.spans))
+            else:
+                self.spans = None
+                if not isinstance(items, list):
+                    items = list(items)
             if self.track:
                 if ids is None:  # no origins from this input: name its first source
                     ids = np.zeros(length, np.int64)
@@ -431,6 +437,11 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                 # Input `short`'s block is used up: its next one, or it has ended. Held by
                 # `parts` alone (no local name here), so its items are moved, not counted.
                 inp = inputs[short]
+                if starts[short] < inp.length:
+                    # Not used up: its next record failed the CRC check the kernel made as
+                    # it copied it. The reader's error for it, raised below by the reader
+                    # (next_block) as it would have been at that record.
+                    inp.spans.fault(starts[short])
                 parts[short] = inp.next_block()
                 starts[short] = 0
                 if parts[short] is None:
@@ -489,11 +500,13 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
     part ``k`` with ``u < bounds[k]`` (``bounds``: uint64, one per part, non-decreasing, the
     last 2**32) and takes the next item of ``parts[k]`` (a list, or a tuple ``(buffer, spans)``
     whose items are ``bytes`` made from ``buffer`` at the ``(offset, length)`` int64 pairs of
-    ``spans``: records still in a reader's buffer) from ``starts[k]`` (updated in place),
-    appending it to ``out`` (a list, not one of the parts; None: a new list). It stops after
-    ``limit`` items, at the end of the draws, or before the first draw whose part holds
-    no item left. Returns ``(out, end, short)``: ``end`` the first draw not used, ``short`` the
-    part that ran out (else -1). ``origins`` (None, or one int64 buffer per part, as long as
+    ``spans``: records still in a reader's buffer; or ``(buffer, spans, True)``, the same with
+    each record's masked CRC-32C after it in ``buffer``, checked) from ``starts[k]`` (updated in
+    place), appending it to ``out`` (a list, not one of the parts; None: a new list). It stops
+    after ``limit`` items, at the end of the draws, or before the first draw whose part holds
+    no item left or whose record's CRC does not match. Returns ``(out, end, short)``: ``end``
+    the first draw not used, ``short`` the part that ran out or whose record failed (its start
+    left at that record; else -1). ``origins`` (None, or one int64 buffer per part, as long as
     it) gives the items' origins, written to ``origins_out[:n]`` for the ``n`` items taken.
 
     The kernel also moves the items out of a part that nothing but ``parts`` refers to (None
@@ -545,10 +558,10 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
             sources.append(np.frombuffer(view.cast("B"), dtype=np.int64))
     # Span parts first (k -> (bytes view, int64 pairs)), as the kernel takes their buffers.
     spans = {k: _span_part(k, part) for k, part in enumerate(parts)
-             if type(part) is tuple and len(part) == 2}
+             if type(part) is tuple and len(part) in (2, 3)}
     for k, (part, start) in enumerate(zip(parts, starts)):
         if k not in spans and not isinstance(part, list):
-            raise TypeError(f"parts[{k}] must be a list or a (buffer, spans) tuple")
+            raise TypeError(f"parts[{k}] must be a list or a (buffer, spans[, crcs]) tuple")
         if part is out:
             raise ValueError(f"out is parts[{k}]")
         if type(start) is not int:
@@ -568,24 +581,33 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
             n, short = int(where[held]), k
     choices = choices[:n]
     counts = np.bincount(choices, minlength=nparts)
-    # A span outside its buffer: an error at the first draw that takes one (nothing changes).
+    # The first draw that takes a span outside its buffer (an error: nothing changes) or a
+    # record whose CRC does not match (the pass stops before it).
     bad = None
-    for k, (data, pairs) in spans.items():
+    for k, (data, pairs, crcs) in spans.items():
         for i in range(int(counts[k])):
             j = starts[k] + i
             offset, length = pairs[2 * j], pairs[2 * j + 1]
-            if offset < 0 or length < 0 or offset > data.nbytes or length > data.nbytes - offset:
+            outside = (offset < 0 or length < 0 or offset > data.nbytes
+                       or length > data.nbytes - offset
+                       or (crcs and data.nbytes - offset - length < 4))
+            if outside or (crcs and not _crc_matches(bytes(data[offset:offset + length]), data,
+                                                     offset + length)):
                 where = int(np.flatnonzero(choices == k)[i])
                 if bad is None or where < bad[0]:
-                    bad = (where, k, j)
+                    bad = (where, k, j, outside)
                 break
-    if bad is not None:
+    if bad is not None and bad[3]:
         raise ValueError(f"parts[{bad[1]}] item {bad[2]} lies outside its buffer")
+    if bad is not None:
+        n, short = bad[0], bad[1]
+        choices = choices[:n]
+        counts = np.bincount(choices, minlength=nparts)
     # Grouped by part, in order within each: where the concatenated parts go.
     order = np.argsort(choices, kind="stable")
     items = np.empty(n, dtype=object)
     items[order] = np.fromiter(itertools.chain.from_iterable(
-        (_made(*spans[k], start, count) if k in spans else part[start:start + count])
+        (_made(*spans[k][:2], start, count) if k in spans else part[start:start + count])
         for k, (part, start, count) in enumerate(zip(parts, starts, counts))),
         dtype=object, count=n)
     if sources is not None:
@@ -602,7 +624,9 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
 
 
 def _span_part(k: int, part: tuple) -> tuple:
-    """A ``(buffer, spans)`` part's bytes and pairs, checked as the kernel checks them."""
+    """A ``(buffer, spans[, crcs])`` part's bytes, pairs and whether its records' CRCs are
+    checked, checked as the kernel checks them."""
+    crcs = bool(part[2]) if len(part) == 3 else False
     data = memoryview(part[0])
     if not data.contiguous:
         raise BufferError("memoryview: underlying buffer is not contiguous")
@@ -612,7 +636,7 @@ def _span_part(k: int, part: tuple) -> tuple:
         raise BufferError("memoryview: underlying buffer is not C-contiguous")
     if pairs.itemsize != 8 or pairs.nbytes % 16:
         raise ValueError(f"parts[{k}]'s spans must be int64 (offset, length) pairs")
-    return data, pairs.cast("B").cast("q")
+    return data, pairs.cast("B").cast("q"), crcs
 
 
 def _made(data: memoryview, pairs: memoryview, start: int, count: int) -> list:

@@ -33,14 +33,15 @@ def _records(seed: int, n: int = 3000) -> list:
     return [rng.randbytes(size) for size in sizes]
 
 
-def _read(source, spans: bool, **options) -> tuple:
+def _read(source, spans: bool, span_crcs: bool = False, **options) -> tuple:
     """(records, kinds of block, error, records counted) of one pass; each block made into
-    bytes as soon as it comes (as the mix does), before the next is asked for."""
+    bytes as soon as it comes (as the mix does), before the next is asked for (records whose
+    CRCs are left to the consumer are checked as they are made: RecordSpans.__getitem__)."""
     reader = RecordReader(source, "tfrecord", **options)
     records, kinds, error = [], set(), None
     try:
-        for block in reader.record_lists(spans=spans):
-            kinds.add(type(block).__name__)
+        for block in reader.record_lists(spans=spans, span_crcs=span_crcs):
+            kinds.add(type(block).__name__ + ("+crcs" if getattr(block, "crcs", False) else ""))
             records.extend(bytes(r) for r in block)
     except FormatError as exc:
         error = (type(exc), exc.source, exc.offset, exc.record_index, str(exc))
@@ -48,12 +49,24 @@ def _read(source, spans: bool, **options) -> tuple:
 
 
 def _both(source, **options) -> tuple:
+    """The list path's pass and the span path's (scan-checked CRCs), which must agree; and
+    the span path with the CRCs left to the consumer, which must agree too."""
     listed = _read(source, False, **options)
     spanned = _read(source, True, **options)
-    assert spanned[0] == listed[0]
-    assert spanned[2] == listed[2]
-    assert spanned[3] == listed[3] == len(listed[0])
-    assert listed[1] <= {"list"}
+    unchecked = _read(source, True, True, **options)
+    for other in (spanned, unchecked):
+        assert other[0] == listed[0]
+        assert other[2] == listed[2]
+        assert other[3] == listed[3] == len(listed[0])
+    assert listed[1] <= {"list"} and "RecordSpans+crcs" not in spanned[1]
+    # Left to the consumer only where a damaged record ends the pass (on_error="raise") and
+    # CRCs are checked at all.
+    deferred = options.get("on_error", "raise") == "raise" and options.get("verify", True)
+    # (Where the scan stops at a damaged record, the kinds of block may differ.)
+    if not deferred:
+        assert "RecordSpans+crcs" not in unchecked[1]
+    elif "RecordSpans" in spanned[1]:
+        assert "RecordSpans+crcs" in unchecked[1]
     return listed, spanned
 
 
@@ -99,6 +112,51 @@ def test_spans_on_damaged_streams_give_the_list_paths_records_and_errors(tmp_pat
                           on_error=on_error)
         if on_error == "raise":
             assert listed[2] is not None
+
+
+def test_a_damaged_payload_found_by_the_consumer_raises_the_list_paths_error_there(tmp_path):
+    """Records whose CRCs are left to the consumer: a damaged payload anywhere in a span block
+    (its first record, its last, one between) gives the records before it, then the error the
+    list path gives (the same offset and record index), with the same count of records; a
+    consumer that asks for the next block hears the same error again; verify=False leaves no
+    CRC to check."""
+    records = [bytes([i % 251]) * (40 + i % 90) for i in range(3000)]
+    frames = [encode_tfrecord(r) for r in records]
+    starts = np.cumsum([0] + [len(f) for f in frames])
+    stream = b"".join(frames)
+    spanned = [i for i, block in _blocks(stream, tmp_path) if block == "RecordSpans+crcs"]
+    assert len(spanned) > 2000
+    rng = random.Random(9)
+    for k in sorted({spanned[0], spanned[-1], *rng.sample(spanned, 12)}):
+        damaged = bytearray(stream)
+        damaged[int(starts[k]) + 12 + rng.randrange(len(records[k]) + 4)] ^= 0x20
+        path = tmp_path / f"bad{k}.tfrecord"
+        path.write_bytes(bytes(damaged))
+        listed, _ = _both(str(path), read_size=4096)
+        assert listed[0] == records[:k] and listed[3] == k
+        assert listed[2][2:4] == (starts[k], k)
+        blocks = RecordReader(str(path), "tfrecord", read_size=4096).record_lists(True, True)
+        with pytest.raises(FormatError) as first:
+            for block in blocks:
+                list(block)
+        with pytest.raises(FormatError) as again:
+            next(blocks)
+        assert again.value is first.value or str(again.value) == str(first.value)
+    got, kinds, error, _ = _read(str(path), True, True, verify=False, read_size=4096)
+    assert "RecordSpans" in kinds and "RecordSpans+crcs" not in kinds
+    assert error is None and len(got) == len(records) and got != records  # damage unseen
+
+
+def _blocks(stream: bytes, tmp_path) -> list:
+    """(record index, kind of block) for each record of ``stream`` read in 4 KiB pieces with
+    its CRCs left to the consumer."""
+    path = tmp_path / "whole.tfrecord"
+    path.write_bytes(stream)
+    out = []
+    for block in RecordReader(str(path), "tfrecord", read_size=4096).record_lists(True, True):
+        kind = type(block).__name__ + ("+crcs" if getattr(block, "crcs", False) else "")
+        out += [(len(out) + i, kind) for i in range(len(block))]
+    return out
 
 
 def test_a_span_block_kept_past_the_next_block_refuses_to_give_bytes(tmp_path):

@@ -102,14 +102,18 @@ def _cuts(seed: int, n: int) -> List[int]:
 
 
 def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int],
-               room: Optional[int] = None) -> list:
+               room: Optional[int] = None, crcs: bool = False) -> list:
     """Feed ``data`` split at ``cuts``; record every result, error and counter a user can see
     (tests/kernels/test_kernel_framing.py compares the C and Python framers with it).
 
     ``room``: feed through ``feed_spans`` with a span buffer of that many records, each chunk
     held in one buffer that the next piece overwrites (as a reader's), its records made from
-    their three parts right after the call: the events must be those of ``feed``."""
+    their three parts right after the call: the events must be those of ``feed``. ``crcs``:
+    their CRCs left to this consumer where the framer allows it (``span_crcs``), checked as
+    each is made; the first mismatch goes to ``span_fault``, whose error ends the run after
+    the records before it, as ``feed`` raises it at the next call."""
     from streamio.errors import FormatError
+    from streamio.formats import masked_crc32c
 
     framer = make()
     events: list = []
@@ -124,13 +128,23 @@ def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int],
                 records = framer.feed(piece)
             else:
                 chunk[:] = piece
-                records, buffer, n, at = framer.feed_spans(memoryview(chunk), pairs)
+                records, buffer, n, at = framer.feed_spans(memoryview(chunk), pairs, crcs)
                 if n:
                     made = [bytes(buffer[pairs[2 * i]:pairs[2 * i] + pairs[2 * i + 1]])
                             for i in range(n)]
-                    records = records[:at] + made + records[at:]
+                    bad = next((i for i, r in enumerate(made) if framer.span_crcs and
+                                masked_crc32c(r) != int.from_bytes(
+                                    buffer[pairs[2 * i] + len(r):pairs[2 * i] + len(r) + 4],
+                                    "little")), None)
                     buffer.release()  # nothing may hold it: the reader releases it so
                     del buffer
+                    if bad is not None:
+                        err = framer.span_fault(bad, pairs[2 * bad])
+                        events.append(("records", records[:at] + made[:bad]))
+                        events.append(("error", type(err), err.offset, err.record_index,
+                                       str(err)))
+                        break
+                    records = records[:at] + made + records[at:]
         except FormatError as err:  # anything else is a bug and propagates
             events.append(("error", type(err), err.offset, err.record_index, str(err)))
             break
@@ -176,6 +190,15 @@ def run_scan_tfrecords(ck: ModuleType, data: bytes) -> None:
            for fn, out in zip((ck.scan_tfrecord_spans, scan_tfrecord_spans), spans)]
     expect_equal("spans (n, pos, status)", got[0], got[1])
     expect_equal("spans", spans[0].tolist(), spans[1].tolist())
+    # Payload CRCs left to the consumer (data=False): the C kernel as its reference, and the
+    # frames that pass both checks come first, at the same places.
+    unchecked = [np.full(2 * room, -1, np.int64) for _ in range(2)]
+    loose = [fn(wrap(stream), pos, end, verify, limit, out, False)
+             for fn, out in zip((ck.scan_tfrecord_spans, scan_tfrecord_spans), unchecked)]
+    expect_equal("unchecked spans (n, pos, status)", loose[0], loose[1])
+    expect_equal("unchecked spans", unchecked[0].tolist(), unchecked[1].tolist())
+    expect_equal("checked spans begin the unchecked", unchecked[0][:2 * got[0][0]].tolist(),
+                 spans[0][:2 * got[0][0]].tolist())
     n = got[0][0]
     made = [stream[o:o + size] for o, size in spans[0][:2 * n].reshape(-1, 2).tolist()]
     if n < room:  # room to spare: the same frames, pos and status as scan_tfrecords
@@ -196,6 +219,11 @@ def run_scan_tfrecords(ck: ModuleType, data: bytes) -> None:
                                      max_record_size=small, source="s"),
                              stream, cuts, max(1, room))
         expect_equal(f"framer events through feed_spans (cuts={cuts})", spanned, runs[0])
+        deferred = run_framer(partial(TFRecordFramer, verify=verify, on_error=skip,
+                                      max_record_size=small, source="s"),
+                              stream, cuts, max(1, room), crcs=True)
+        expect_equal(f"framer events through feed_spans, CRCs left to the consumer"
+                     f" (cuts={cuts})", deferred, runs[0])
 
 
 def encode_scan_recordio(stream: bytes, *, wrap: int = 0, limit: int = 0, whole: bool = True,
@@ -534,8 +562,11 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     given list already holding that many, bit 7: the odd parts and those of an even size are
     records in a buffer (a ``(buffer, spans)`` tuple, whose items the kernel makes; two such
     parts without origins take the kernel's own loop for them; with bit 2, the last pair of
-    each points past the buffer: refused when taken). Reference: ``mix_take_reference``, on its own
-    copy of the parts."""
+    each points past the buffer: refused when taken); such a part whose size is not 2 mod 3
+    has each record followed by its masked CRC-32C (a ``(buffer, spans, True)`` tuple: the
+    kernel checks it as it copies the record), one in about eleven of them wrong (the pass
+    stops before it). Reference: ``mix_take_reference``, on its own copy of the parts."""
+    from streamio.formats import masked_crc32c
     from streamio.pipeline.mix import mix_take_reference
 
     inp = Input(data)
@@ -557,14 +588,22 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     begin = min(begin, len(draws) // 4 + 1)  # mostly in range, sometimes one past the end
     blocks = [[("item", j, i) for i in range(size)] for j, size in enumerate(sizes)]
     spanned = [bool(flags & 128) and (j % 2 == 1 or sizes[j] % 2 == 0) for j in range(k)]
+    checked = [spanned[j] and sizes[j] % 3 != 2 for j in range(k)]
     buffers: Dict[int, bytes] = {}
     pairs: Dict[int, np.ndarray] = {}
     for j in range(k):
         if spanned[j]:  # records of 0, 3 and 6 bytes, one after the other in a buffer
             records = [b"%02x." % (i % 256) * (i % 3) for i in range(sizes[j])]
-            buffers[j] = b"".join(records)
+            if checked[j]:  # each followed by its CRC, some wrong
+                footers = [masked_crc32c(r) ^ ((i * 37 + sizes[j]) % 11 == 0)
+                           for i, r in enumerate(records)]
+                buffers[j] = b"".join(r + f.to_bytes(4, "little")
+                                      for r, f in zip(records, footers))
+            else:
+                buffers[j] = b"".join(records)
             lengths = np.array([len(r) for r in records], dtype=np.int64)
-            pair = np.stack([np.cumsum(lengths) - lengths, lengths], axis=1).reshape(-1)
+            frames = lengths + 4 * checked[j]
+            pair = np.stack([np.cumsum(frames) - frames, lengths], axis=1).reshape(-1)
             if flags & 4 and sizes[j]:
                 pair[-2] = len(buffers[j]) + 1  # past the buffer
             pairs[j] = pair
@@ -580,8 +619,9 @@ def run_mix_take(ck: ModuleType, data: bytes) -> None:
     for fn in (ck.mix_take, mix_take_reference):
         given = list(starts)
         out = None if origins is None else np.full(limit, -1, dtype=np.int64)
-        parts = [(buffers[j], pairs[j]) if spanned[j] else list(block)  # held by `parts`
-                 for j, block in enumerate(blocks)]                      # alone, unless shared
+        parts = [((buffers[j], pairs[j], True) if checked[j] else (buffers[j], pairs[j]))
+                 if spanned[j] else list(block)  # held by `parts` alone, unless shared
+                 for j, block in enumerate(blocks)]
         others = list(parts) if shared else None
         extra = (list(held),) if into else ()
         try:

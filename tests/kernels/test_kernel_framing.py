@@ -172,14 +172,18 @@ def test_tfrecord_framer_through_feed_spans_gives_what_feed_gives(data, on_error
                                                                  room, accelerate, draw):
     """The same records in the same order, the same errors and counters, whichever way the
     records of each chunk come (completed from earlier chunks, left in the chunk as spans, or
-    after a fault or a full span buffer): the chunk buffer is overwritten between feeds."""
+    after a fault or a full span buffer), and whether the spans' payload CRCs are checked by the
+    scan or left to the consumer (who reports the first mismatch to ``span_fault``): the chunk
+    buffer is overwritten between feeds."""
     cuts = sorted_cuts(draw, data)
 
     def make():
         return TFRecordFramer(verify=verify, on_error=on_error, max_record_size=limit,
                               source="s", accelerate=accelerate)
 
-    assert run_framer(make, data, cuts, room) == run_framer(make, data, cuts)
+    fed = run_framer(make, data, cuts)
+    assert run_framer(make, data, cuts, room) == fed
+    assert run_framer(make, data, cuts, room, crcs=True) == fed
 
 
 def test_feed_spans_leaves_a_chunks_whole_records_in_it():

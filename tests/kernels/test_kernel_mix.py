@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamio.formats import masked_crc32c
 from streamio.pipeline.mix import mix_take_reference
 
 speedups = pytest.importorskip(
@@ -106,21 +107,30 @@ def test_mix_take_equals_the_reference(k, track, shared, prefix, into, data):
     assert [sys.getrefcount(item) for item in everything] == baseline  # none leaked or lost
 
 
-def _span_part(data, bad: bool) -> tuple:
+def _span_part(data, bad: bool, crcs: bool = False) -> tuple:
     """Records in a buffer as a reader's spans give them: ``(buffer, int64 pairs)``, with
-    bytes before, between and after the records; ``bad``: one pair outside the buffer."""
+    bytes before, between and after the records; ``bad``: one pair outside the buffer.
+    ``crcs``: ``(buffer, pairs, True)``, each record followed by its masked CRC-32C (TFRecord's
+    footer), some of them wrong; then also the indices of the records whose CRCs are wrong."""
     records = data.draw(st.lists(st.binary(max_size=6), max_size=12))
     gaps = data.draw(st.lists(st.binary(max_size=3), min_size=len(records) + 1,
                               max_size=len(records) + 1))
+    wrong = data.draw(st.sets(st.integers(0, max(0, len(records) - 1)), max_size=2)) \
+        if crcs and records else set()
     buffer, pairs = bytearray(gaps[0]), []
-    for record, gap in zip(records, gaps[1:]):
+    for i, (record, gap) in enumerate(zip(records, gaps[1:])):
         pairs += [len(buffer), len(record)]
-        buffer += record + gap
+        footer = masked_crc32c(record) ^ (1 << data.draw(st.integers(0, 31)) if i in wrong
+                                          else 0)
+        buffer += record + (footer.to_bytes(4, "little") if crcs else b"") + gap
     if bad and records:
         i = data.draw(st.integers(0, len(records) - 1))
         pairs[2 * i:2 * i + 2] = data.draw(st.sampled_from([
             (len(buffer) + 1, 0), (0, len(buffer) + 1), (-1, 1), (0, -1),
-            (len(buffer) - 1, 2), (1 << 62, 1 << 62)]))
+            (len(buffer) - 1, 2), (1 << 62, 1 << 62)]
+            + [(len(buffer) - 3, 0)] * crcs))  # its CRC would lie past the end
+    if crcs:
+        return (bytes(buffer), np.array(pairs, dtype=np.int64), True), records, wrong
     return (bytes(buffer), np.array(pairs, dtype=np.int64)), records
 
 
@@ -130,19 +140,27 @@ def _span_part(data, bad: bool) -> tuple:
 def test_mix_take_makes_the_records_of_span_parts_as_the_reference_does(two, k, track, shared,
                                                                          bad, data):
     """Parts that are records still in a buffer (a mix of TFRecord inputs), beside lists or
-    not, and two of them without origins (``two``: the kernel's own loop for the commonest
-    mix): the same records in the same order, the same stop, starts and origins as the
-    reference; a pair outside its buffer refused at the draw that takes it; no reference to a
-    list's items, a buffer or its pairs gained or lost."""
+    not, their CRCs to check or not, and two of them without origins (``two``: the kernel's own
+    loop for the commonest mix, with CRCs, without, or one of each): the same records in the
+    same order, the same stop, starts and origins as the reference; a pair outside its buffer
+    refused at the draw that takes it; a record whose CRC is wrong stops the pass before its
+    draw (its part is `short`, its start left at it); no reference to a list's items, a buffer
+    or its pairs gained or lost."""
     if two:
         k, track = 2, False
     ndraws = data.draw(st.integers(0, 80))
     draws = data.draw(st.binary(min_size=4 * ndraws, max_size=4 * ndraws))
     bounds = _bounds(data, k)
     spanned = [two or data.draw(st.booleans()) for _ in range(k)]
+    checked = [spanned[j] and data.draw(st.booleans()) for j in range(k)]
+    wrong: list = [set()] * k  # each part's records whose CRCs are wrong
     parts_made, blocks = [], []
     for j in range(k):
-        if spanned[j]:
+        if checked[j]:
+            part, records, wrong[j] = _span_part(data, bad, crcs=True)
+            parts_made.append(part)
+            blocks.append(records)
+        elif spanned[j]:
             part, records = _span_part(data, bad)
             parts_made.append(part)
             blocks.append(records)
@@ -151,11 +169,13 @@ def test_mix_take_makes_the_records_of_span_parts_as_the_reference_does(two, k, 
             parts_made.append(block)
             blocks.append(block)
     starts = [data.draw(st.integers(0, len(block))) for block in blocks]
+    # The first record from its start on whose CRC is wrong (None if none).
+    wrong = [min((i for i in w if i >= s), default=None) for w, s in zip(wrong, starts)]
     origins = [np.arange(len(b), dtype=np.int64) + 100 * j for j, b in enumerate(blocks)]
     limit = data.draw(st.integers(0, 60))
     begin = data.draw(st.integers(0, ndraws))
     everything = ([x for j, b in enumerate(blocks) if not spanned[j] for x in b]
-                  + [x for j, p in enumerate(parts_made) if spanned[j] for x in p if len(x)])
+                  + [x for j, p in enumerate(parts_made) if spanned[j] for x in p[:2] if len(x)])
     baseline = [sys.getrefcount(x) for x in everything]
     runs = {}
     for name, fn in (("reference", mix_take_reference), ("kernel", speedups.mix_take)):
@@ -190,9 +210,11 @@ def test_mix_take_makes_the_records_of_span_parts_as_the_reference_does(two, k, 
         assert got[t - begin] == (want if spanned[j] else id(want))
         taken[j] += 1
     assert after == [s + n for s, n in zip(starts, taken)]
+    for j in range(k):  # no record whose CRC is wrong was made
+        assert wrong[j] is None or after[j] <= wrong[j]
     if short >= 0:
         assert np.argmax(u[end] < bounds) == short
-        assert after[short] == len(blocks[short])
+        assert after[short] in (len(blocks[short]), wrong[short])
     else:
         assert end - begin == limit or end == ndraws
 
@@ -298,7 +320,9 @@ def test_mix_take_checks_its_arguments():
         with pytest.raises(TypeError, match=r"starts\[0\] must be an int"):
             call(starts=[True])
         with pytest.raises(TypeError, match=r"parts\[0\] must be a list or a \(buffer, spans"):
-            call(parts=[(1, 2, 3)])
+            call(parts=[(1, 2, 3, 4)])
+        with pytest.raises(TypeError, match="a bytes-like object is required"):
+            call(parts=[(1, 2, True)])
         with pytest.raises(ValueError, match=r"parts\[0\]'s spans must be int64 \(offset, len"):
             call(parts=[(b"abc", np.zeros(3, np.int64))])
         with pytest.raises(ValueError, match=r"parts\[0\]'s spans must be int64 \(offset, len"):

@@ -559,6 +559,65 @@ def test_a_corrupt_record_in_an_input_raises_its_error_after_the_items_before_it
     assert [r for r in got if r in set(records)] == records[:1234]
 
 
+@pytest.mark.parametrize("kernel", ["C", "reference"])
+def test_a_damaged_payload_the_kernel_copies_raises_where_the_readers_scan_would(
+        tmp_path, monkeypatch, kernel):
+    """Records made from their reads' buffers have their CRCs checked by the mix's kernel as it
+    copies them (the readers' scans leave them to it): a damaged payload anywhere in a read
+    (its first record, its last, one between; in either input) gives the items before it, then
+    the reader's own error (its source, offset and record index), exactly as when the readers
+    check every record first (mix.SPANS = False); raw records (the kernel's loop for two
+    inputs) and records with origins for a decoder after the mix (its general loop)."""
+    from streamio.pipeline import mix as mix_module
+
+    if kernel == "reference":
+        monkeypatch.setattr(mix_module, "_TAKE", mix_module.mix_take_reference)
+    rng = np.random.default_rng(11)
+    ids = {"a": range(3000), "b": range(10_000, 11_000)}
+    good = {name: write_id_examples(tmp_path / f"{name}.tfrecord", r) for name, r in ids.items()}
+    frames = {name: [16 + len(id_example(i)) for i in r] for name, r in ids.items()}
+    crcs = collections.Counter()
+    take = mix_module._TAKE
+
+    def seeing(*args, **kwargs):  # the kernel, counting the parts whose CRCs it checks
+        crcs.update(len(part) == 3 for part in args[4] if type(part) is tuple)
+        return take(*args, **kwargs)
+
+    monkeypatch.setattr(mix_module, "_TAKE", seeing)
+
+    def epoch(paths, decoded):
+        inputs = [streamio.Dataset(p, "tfrecord", read_size=4096,
+                                   decoder=ID_X if decoded else None) for p in paths]
+        mixed = streamio.mix(inputs, [0.75, 0.25], seed=5, stop="all_exhausted")
+        got = []
+        with pytest.raises(CorruptRecordError) as info:
+            for item in (mixed.batch(8) if decoded else mixed):
+                got.append(item["id"].tolist() if decoded else item)
+        err = info.value
+        return got, err.source, err.offset, err.record_index, str(err)
+
+    # Records 0-30ish come in the first read (a list); then every read's records are spans,
+    # a 4 KiB read holding about 80: its first at a read's start, its last at its end.
+    cases = [("a", 100), ("a", 2999), ("b", 500)] + [
+        ("a" if j % 3 else "b", int(rng.integers(40, 999 if j % 3 == 0 else 2999)))
+        for j in range(6)]
+    for j, (name, k) in enumerate(cases):
+        paths = dict(good)
+        data = bytearray(open(good[name], "rb").read())
+        offset = sum(frames[name][:k])
+        data[offset + 12 + int(rng.integers(0, frames[name][k] - 12))] ^= 0x10  # payload or CRC
+        paths[name] = str(tmp_path / f"bad-{j}-{name}.tfrecord")
+        open(paths[name], "wb").write(bytes(data))
+        decoded = j % 2 == 1
+        made = epoch([paths["a"], paths["b"]], decoded)
+        monkeypatch.setattr(mix_module, "SPANS", False)
+        placed = epoch([paths["a"], paths["b"]], decoded)
+        monkeypatch.setattr(mix_module, "SPANS", True)
+        assert made == placed
+        assert made[1:4] == (paths[name], offset, k)
+    assert crcs[True] > 100 and crcs[False] == 0
+
+
 def test_with_a_decoder_a_corrupt_record_still_comes_after_every_item_before_it(tmp_path,
                                                                                examples):
     """With the mix's decoder the output blocks are filled across the inputs' blocks: the
