@@ -379,11 +379,12 @@ class RecordReader:
         # Optional in the framer protocol: framers that keep no frame of their own (the
         # SageMaker manifest grouper, "object", a user's registered framer) are fed chunks.
         rest_buffer = getattr(framer, "rest_buffer", None)
+        # A sniffing codec says "plain" only once it has seen the first bytes; from then on its
+        # decode() would hand each chunk on as it is, so the chunks skip it.
+        plain = codec is None or getattr(codec, "plain", False)
         with read_buffers.borrowed(self.read_size) as view:  # kept for the next reader
             while True:
-                # A sniffing codec says "plain" only once it has seen the first bytes.
-                rest = (rest_buffer() if rest_buffer is not None
-                        and (codec is None or getattr(codec, "plain", False)) else None)
+                rest = rest_buffer() if rest_buffer is not None and plain else None
                 t0 = clock()
                 n = readinto(view if rest is None else rest)
                 stats.source_wait_s += clock() - t0
@@ -395,10 +396,14 @@ class RecordReader:
                     stats.bytes_decoded += n
                     yield n
                     continue
-                pieces = (view[:n],) if codec is None else codec.decode(view[:n])
-                for piece in pieces:
+                if plain:
+                    stats.bytes_decoded += n
+                    yield view[:n]
+                    continue
+                for piece in codec.decode(view[:n]):
                     stats.bytes_decoded += len(piece)
                     yield piece
+                plain = getattr(codec, "plain", False)  # decided while decoding
         self._mark_consumed()
         if codec is not None:
             for piece in codec.finish():

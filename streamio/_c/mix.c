@@ -207,18 +207,21 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
     Py_buffer *oviews = NULL;
     int have_oout = 0, placed = 0;
     uint64_t bounds[MAX_PARTS];
-    Py_ssize_t first[MAX_PARTS], avail[MAX_PARTS], taken[MAX_PARTS] = {0};
+    /* Only the parts' entries are set (zeroed once their number is known: an epoch of 16 KiB
+     * records calls this a few hundred times, and zeroing all MAX_PARTS cost more than the
+     * items it placed). */
+    Py_ssize_t first[MAX_PARTS], avail[MAX_PARTS], taken[MAX_PARTS], nready = 0;
     PyObject **items[MAX_PARTS];
     unsigned char owned[MAX_PARTS];
     const unsigned char *origin_in[MAX_PARTS];
-    PyObject *new_starts[MAX_PARTS] = {0};
+    PyObject *new_starts[MAX_PARTS];
     /* Span parts: their buffers (two a part: the bytes, the pairs), where their bytes are,
      * how many, and their pairs from the part's start. */
     Py_buffer *sviews = NULL;
     const char *span_base[MAX_PARTS];
     Py_ssize_t span_len[MAX_PARTS];
     const int64_t *span_pairs[MAX_PARTS];
-    unsigned char span_crc[MAX_PARTS] = {0}; /* each record's CRC follows it: checked */
+    unsigned char span_crc[MAX_PARTS]; /* each record's CRC follows it: checked */
     int any_span = 0;
     Py_ssize_t n = 0;
     const unsigned char *d_first = NULL;
@@ -260,6 +263,10 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_ValueError, "between 1 and 256 parts, not %zd", nparts);
         goto fail;
     }
+    memset(taken, 0, (size_t)nparts * sizeof taken[0]);
+    memset(new_starts, 0, (size_t)nparts * sizeof new_starts[0]);
+    memset(span_crc, 0, (size_t)nparts);
+    nready = nparts;
     if (bounds_view.itemsize != 8 || bounds_view.len != nparts * 8) {
         PyErr_Format(PyExc_ValueError, "bounds must be %zd uint64, one per part", nparts);
         goto fail;
@@ -493,7 +500,8 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         taken[k] = j + 1;
     }
 
-    /* The new starts, all made before any is set: a failure leaves starts as they were. */
+    /* The new starts and the result, all made before any is set: a failure leaves starts as
+     * they were. */
     for (Py_ssize_t k = 0; k < nparts; k++) {
         if (taken[k]) {
             new_starts[k] = PyLong_FromSsize_t(first[k] + taken[k]);
@@ -501,6 +509,14 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
                 goto fail;
         }
     }
+    PyObject *end_obj = PyLong_FromSsize_t(begin + n);
+    PyObject *short_obj = end_obj != NULL ? PyLong_FromSsize_t(short_part) : NULL;
+    if (short_obj != NULL)
+        result = PyTuple_Pack(3, out, end_obj, short_obj); /* out's length is set below */
+    Py_XDECREF(end_obj);
+    Py_XDECREF(short_obj);
+    if (result == NULL)
+        goto fail;
     /* Nothing fails from here. The owned parts give their taken items up. */
     placed = 0;
     for (Py_ssize_t k = 0; k < nparts; k++) {
@@ -516,7 +532,6 @@ static PyObject *py_mix_take(PyObject *self, PyObject *args)
         }
     }
     Py_SET_SIZE(out, had + n);
-    result = Py_BuildValue("(Onn)", out, begin + n, short_part);
 fail:
     if (placed) {
         /* Failed after placing: the items counted up are counted down, the moved ones left to
@@ -537,7 +552,7 @@ fail:
         }
     }
     Py_XDECREF(out); /* a new list's unused room is never looked at */
-    for (Py_ssize_t k = 0; k < MAX_PARTS; k++)
+    for (Py_ssize_t k = 0; k < nready; k++)
         Py_XDECREF(new_starts[k]);
     for (Py_ssize_t k = 0; sviews != NULL && k < 2 * nparts; k++) {
         if (sviews[k].obj != NULL)

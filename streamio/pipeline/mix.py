@@ -77,6 +77,7 @@ drawn) fixes every order; an input's given seeds are kept, and are part of the c
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -279,6 +280,7 @@ class _Input:
         self.done = False
         self.error: Optional[BaseException] = None
         self.names_seen = 0
+        self.names = self.run.names  # (the run's, never replaced)
         self.header = outer.decoder is not None and takes_header(outer.decoder)
 
     def next_block(self) -> Optional[Any]:
@@ -298,7 +300,7 @@ class _Input:
                 self.done = True
                 self.error = exc
                 break
-            if len(self.run.names) != self.names_seen or self.header:
+            if len(self.names) != self.names_seen or self.header:
                 self._learn_names()
             length = len(items)
             if not length:
@@ -368,9 +370,19 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
     layers = [x for layer in ds._round_robin for x in layer]
     sequence = np.random.SeedSequence(int(stage.seed), spawn_key=(
         run.epoch, ctx.rank, ctx.worker, position, *layers))
-    rng = np.random.Generator(np.random.PCG64(sequence))
-    return _interleave(plans, run, np.asarray(stage.weights, dtype=np.float64), stage.stop,
-                       rng, track)
+    # The bit generator alone: the draws are its raw outputs (no Generator around it).
+    bits = np.random.PCG64(sequence)
+    return _interleave(plans, run, stage.weights, stage.stop, bits, track)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_bounds(weights: tuple, live: tuple) -> np.ndarray:
+    """:func:`_bounds` of ``weights`` and ``live`` (tuples), read-only: made once for a mix's
+    weights and each set of its inputs still live, not twice an epoch (numpy calls of a few
+    microseconds each, which an epoch of a mix of small shards feels)."""
+    bounds = _bounds(np.asarray(weights, dtype=np.float64), np.asarray(live, dtype=bool))
+    bounds.flags.writeable = False
+    return bounds
 
 
 def _bounds(weights: np.ndarray, live: np.ndarray) -> np.ndarray:
@@ -384,10 +396,10 @@ def _bounds(weights: np.ndarray, live: np.ndarray) -> np.ndarray:
     return bounds
 
 
-def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
-                rng: np.random.Generator, track: bool) -> Iterator[tuple]:
+def _interleave(plans: list, run: Any, weights: tuple, stop: str,
+                bits: np.random.PCG64, track: bool) -> Iterator[tuple]:
     k_all = len(plans)
-    live = weights > 0
+    live = [w > 0 for w in weights]
     inputs: list = [None] * k_all
     # What the kernel reads: each input's current block, where its next item is (the kernel
     # moves it on), and the block's record origins.
@@ -395,7 +407,8 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
     starts: list = [0] * k_all
     origins: Optional[list] = [_NO_ORIGINS] * k_all if track else None
     longest = 0  # the longest block an input gave
-    bounds = _bounds(weights, live)
+    block = MIN_SLICE  # the output blocks' length, from it
+    bounds = _cached_bounds(weights, tuple(live))
     # The output block being filled: its items (the list the kernel appends to; None before
     # its first), its length when full, and, when tracked, its origins (one array a block:
     # the block's slice of it goes downstream). Plain locals: this loop runs a few hundred
@@ -412,8 +425,8 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
         for k, plan in enumerate(plans):
             if plan is not None:
                 inputs[k] = _Input(plan[0], run, plan[1], plan[2], track)
-        while live.any():
-            draws = _draw(rng)
+        while any(live):
+            draws = _draw(bits)
             ended = None
             t = 0
             while t < DRAW:
@@ -423,10 +436,10 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                 # ends where an input's or the draws end. Where blocks are cut never changes
                 # the order, only the block sizes.
                 if items and (not equal or len(items) == size):
-                    yield _output(items, placed)
+                    yield (items, None) if placed is None else (items, placed[:len(items)])
                     items, size = None, 0
                 if not size:
-                    size = min(MAX_SLICE, max(MIN_SLICE, longest))
+                    size = block
                     if track:
                         placed = np.empty(size, dtype=np.int64)
                 n = 0 if items is None else len(items)
@@ -454,35 +467,32 @@ def _interleave(plans: list, run: Any, weights: np.ndarray, stop: str,
                     origins[short] = inp.ids
                 if inp.length > longest:
                     longest = inp.length
+                    block = min(MAX_SLICE, max(MIN_SLICE, longest))
             if ended is None:
                 continue
             failed = inputs[ended].error
             if failed is not None:
                 if items:
-                    yield _output(items, placed)
+                    yield (items, None) if placed is None else (items, placed[:len(items)])
                 raise failed  # after every item the mix delivers before it
             if stop == "first_exhausted":
                 break
             live[ended] = False  # the rest of the draw is discarded: drawn anew without it
-            if live.any():
-                bounds = _bounds(weights, live)
+            if any(live):
+                bounds = _cached_bounds(weights, tuple(live))
         if items:
-            yield _output(items, placed)
+            yield (items, None) if placed is None else (items, placed[:len(items)])
     finally:
         for source in inputs:
             if source is not None:
                 source.close()
 
 
-def _output(items: list, placed: Optional[np.ndarray]) -> tuple:
-    """A finished output block: its items, and the origins placed for them (None untracked)."""
-    return items, None if placed is None else placed[:len(items)]
-
-
-def _draw(rng: np.random.Generator) -> np.ndarray:
+def _draw(bits: np.random.PCG64) -> bytes:
     """``DRAW`` choices: uint32 numbers, two to each of the generator's 64-bit outputs (the
-    cheapest numbers it gives), low half first."""
-    return rng.bit_generator.random_raw(DRAW // 2).astype("<u8", copy=False)
+    cheapest numbers it gives), low half first. As bytes: the kernel takes them a few hundred
+    times an epoch, and a bytes object gives its buffer for less than a numpy array does."""
+    return bits.random_raw(DRAW // 2).astype("<u8", copy=False).tobytes()
 
 
 _NOTHING: list = []

@@ -61,6 +61,35 @@ def test_a_seed_gives_one_order_and_other_seeds_and_epochs_give_others(ab):
     assert _from(first, b"a") == [f"a{i}".encode() for i in range(len(_from(first, b"a")))]
 
 
+def test_the_order_is_the_documented_function_of_the_seed(tmp_path):
+    """The order as streamio.pipeline.mix documents it, computed here from the spec alone: a
+    PCG64 keyed by SeedSequence(seed, spawn_key=(epoch, rank, worker, stage position)), each
+    64-bit output two uint32 choices (low half first), a choice picking the first input whose
+    cumulative weight scaled to 2**32 is above it; a resume state or a shard replays this
+    order, so it must not drift between versions."""
+    a = _lines(tmp_path / "a.lines", "a", 30000)
+    b = _lines(tmp_path / "b.lines", "b", 12000)
+    weights = [0.7, 0.3]
+    bounds = np.floor(np.cumsum(weights) * 2.0 ** 32)
+    bounds[-1] = 2.0 ** 32
+    for seed, epoch in ((3, 0), (11, 2)):
+        bits = np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(epoch, 0, 0, 0)))
+        choices = bits.random_raw(40000).astype("<u8").view("<u4")  # low half first
+        picks = np.searchsorted(bounds, choices.astype(np.float64), side="right")
+        taken, want = [0, 0], []
+        for k in picks.tolist():
+            if taken[k] == (30000, 12000)[k]:
+                break  # first_exhausted: the first pick of an input that has run out
+            want.append(f"{'ab'[k]}{taken[k]}".encode())
+            taken[k] += 1
+        else:
+            raise AssertionError("no input ran out within the choices computed")
+        mixed = streamio.mix([streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")],
+                             weights, seed=seed)
+        got = [list(mixed) for _ in range(epoch + 1)][epoch]
+        assert len(want) > 16384 and got == want  # more than two draws of DRAW choices
+
+
 def test_every_window_of_20000_items_holds_the_weights_within_2_percent(tmp_path):
     a = _lines(tmp_path / "a.lines", "a", 90000)
     b = _lines(tmp_path / "b.lines", "b", 30000)
