@@ -280,7 +280,6 @@ class _Input:
         self.done = False
         self.error: Optional[BaseException] = None
         self.names_seen = 0
-        self.names = self.run.names  # (the run's, never replaced)
         self.header = outer.decoder is not None and takes_header(outer.decoder)
 
     def next_block(self) -> Optional[Any]:
@@ -300,7 +299,7 @@ class _Input:
                 self.done = True
                 self.error = exc
                 break
-            if len(self.names) != self.names_seen or self.header:
+            if len(self.run.names) != self.names_seen or self.header:
                 self._learn_names()
             length = len(items)
             if not length:
@@ -436,7 +435,7 @@ def _interleave(plans: list, run: Any, weights: tuple, stop: str,
                 # ends where an input's or the draws end. Where blocks are cut never changes
                 # the order, only the block sizes.
                 if items and (not equal or len(items) == size):
-                    yield (items, None) if placed is None else (items, placed[:len(items)])
+                    yield _output(items, placed)
                     items, size = None, 0
                 if not size:
                     size = block
@@ -473,7 +472,7 @@ def _interleave(plans: list, run: Any, weights: tuple, stop: str,
             failed = inputs[ended].error
             if failed is not None:
                 if items:
-                    yield (items, None) if placed is None else (items, placed[:len(items)])
+                    yield _output(items, placed)
                 raise failed  # after every item the mix delivers before it
             if stop == "first_exhausted":
                 break
@@ -481,11 +480,16 @@ def _interleave(plans: list, run: Any, weights: tuple, stop: str,
             if any(live):
                 bounds = _cached_bounds(weights, tuple(live))
         if items:
-            yield (items, None) if placed is None else (items, placed[:len(items)])
+            yield _output(items, placed)
     finally:
         for source in inputs:
             if source is not None:
                 source.close()
+
+
+def _output(items: list, placed: Optional[np.ndarray]) -> tuple:
+    """A finished output block: its items, and the origins placed for them (None untracked)."""
+    return items, None if placed is None else placed[:len(items)]
 
 
 def _draw(bits: np.random.PCG64) -> bytes:

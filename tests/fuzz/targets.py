@@ -113,7 +113,7 @@ def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int],
     each is made; the first mismatch goes to ``span_fault``, whose error ends the run after
     the records before it, as ``feed`` raises it at the next call."""
     from streamio.errors import FormatError
-    from streamio.formats import masked_crc32c
+    from streamio.formats._framing import _crc_matches
 
     framer = make()
     events: list = []
@@ -133,9 +133,7 @@ def run_framer(make: Callable[[], Any], data: bytes, cuts: List[int],
                     made = [bytes(buffer[pairs[2 * i]:pairs[2 * i] + pairs[2 * i + 1]])
                             for i in range(n)]
                     bad = next((i for i, r in enumerate(made) if framer.span_crcs and
-                                masked_crc32c(r) != int.from_bytes(
-                                    buffer[pairs[2 * i] + len(r):pairs[2 * i] + len(r) + 4],
-                                    "little")), None)
+                                not _crc_matches(r, buffer, pairs[2 * i] + len(r))), None)
                     buffer.release()  # nothing may hold it: the reader releases it so
                     del buffer
                     if bad is not None:
