@@ -48,6 +48,9 @@ SPAN_MEAN_MAX = 1024
 SPAN_PAIRS_FRAME = 64
 #: 1 MiB reads: large enough that per-read overhead vanishes, and a pipe buffer's worth.
 DEFAULT_READ_SIZE = 1024 * 1024
+#: A reader given ``large_read_size`` reads this much first (at most its ``read_size``), to
+#: learn whether its records are large before it picks the size of the reads after.
+PROBE_READ_SIZE = 64 * 1024
 #: Past the end of its byte range a reader needs only the rest of its last record and the next
 #: record's header: it reads in pieces this small, so it takes little of the next range's bytes.
 PAST_END_READ_SIZE = 64 * 1024
@@ -202,6 +205,9 @@ class RecordReader:
         self.stats = ReaderStats()
         self._src: Optional[ByteSource] = None
         self._started = False
+        # The first read's size and the size _pieces turns to after it (record_lists).
+        self._first_read: Optional[int] = None
+        self._grow_to: Optional[int] = None
         self._closed = False
 
     def _open(self) -> ByteSource:
@@ -231,7 +237,8 @@ class RecordReader:
             except TypeError:
                 pass
 
-    def record_lists(self, spans: bool = False, span_crcs: bool = False) -> Iterator[Any]:
+    def record_lists(self, spans: bool = False, span_crcs: bool = False,
+                     large_read_size: Optional[int] = None) -> Iterator[Any]:
         """Yield, per chunk read, the list of records it completed. One pass only.
 
         ``spans=True``: where the format frames records where they lie (TFRecord), the records
@@ -247,7 +254,22 @@ class RecordReader:
         consumer (``RecordSpans.crcs``), who checks each as it makes the record, in one pass
         over its bytes, and reports a mismatch with ``RecordSpans.fault(i)``: the error the
         list path raises at that record, raised by the consumer after the records before it,
-        and by this generator if asked for more."""
+        and by this generator if asked for more.
+
+        ``large_read_size`` (larger than ``read_size``; whole sources only, a byte range keeps
+        its ``read_size``): the first read takes :data:`PROBE_READ_SIZE` bytes (at most
+        ``read_size``); if its records prove large (over :data:`SPAN_MEAN_MAX` bytes on
+        average, frames included, or none whole in it) the reads after it take
+        ``large_read_size`` bytes, else ``read_size``. A mix reads each input a share of one
+        reader's size, and its inputs of large records a larger share (see
+        :mod:`streamio.pipeline.mix`): small records keep the smaller reads (fewer objects
+        made at once), large ones take fewer, larger reads, as a Dataset read alone does. The
+        records are the same either way."""
+        if isinstance(large_read_size, bool) or not (
+                large_read_size is None or (isinstance(large_read_size, int)
+                                            and large_read_size > 0)):
+            raise UsageError(f"large_read_size must be a positive int or None, not"
+                             f" {large_read_size!r}")
         if self._started:
             raise UsageError("a RecordReader reads its source once; make a new one for another pass")
         self._started = True
@@ -286,6 +308,10 @@ class RecordReader:
         pairs: Optional[memoryview] = None
         lent: Optional[RecordSpans] = None
         small = False
+        # The read size after the first read, from its records (see above): decided once.
+        grow = (large_read_size if large_read_size is not None and end is None
+                and large_read_size > self.read_size else None)
+        self._first_read = None if grow is None else min(PROBE_READ_SIZE, self.read_size)
 
         def on_fault(index: int) -> FormatError:
             # Record `index` of the block lent out failed its consumer's CRC check: the
@@ -334,6 +360,10 @@ class RecordReader:
                                 raise lent.error
                     if spans:  # spans for the next chunk if this one's records were small
                         small = framed > 0 and len(piece) <= SPAN_MEAN_MAX * framed
+                    if grow is not None:
+                        large = len(piece) > SPAN_MEAN_MAX * framed
+                        self._grow_to = grow if large else self.read_size
+                        grow = None
                 framing = False
                 stats.skipped_records = framer.skipped_records
                 stats.skipped_bytes = framer.skipped_bytes
@@ -382,8 +412,20 @@ class RecordReader:
         # A sniffing codec says "plain" only once it has seen the first bytes; from then on its
         # decode() would hand each chunk on as it is, so the chunks skip it.
         plain = codec is None or getattr(codec, "plain", False)
-        with read_buffers.borrowed(self.read_size) as view:  # kept for the next reader
+        size = self._first_read or self.read_size
+        buffer = read_buffers.lend(size)  # given back for the next reader
+        view = memoryview(buffer)
+        try:
             while True:
+                if self._grow_to is not None:  # the size of the reads from here on
+                    grown, self._grow_to = self._grow_to, None
+                    if grown != size:
+                        size = grown
+                        view.release()
+                        read_buffers.give_back(buffer)
+                        buffer = None
+                        buffer = read_buffers.lend(size)
+                        view = memoryview(buffer)
                 rest = rest_buffer() if rest_buffer is not None and plain else None
                 t0 = clock()
                 n = readinto(view if rest is None else rest)
@@ -404,6 +446,10 @@ class RecordReader:
                     stats.bytes_decoded += len(piece)
                     yield piece
                 plain = getattr(codec, "plain", False)  # decided while decoding
+        finally:
+            view.release()
+            if buffer is not None:
+                read_buffers.give_back(buffer)
         self._mark_consumed()
         if codec is not None:
             for piece in codec.finish():

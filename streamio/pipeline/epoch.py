@@ -118,6 +118,9 @@ class EpochRun:
         # The read size for sources not given one (a mix's share for an input, see
         # streamio.pipeline.mix); None: the reader's default. It never changes the records.
         self.read_size: Optional[int] = None
+        # The read size for those sources once their first read shows large records (a mix
+        # input's larger share, see RecordReader.record_lists); None: read_size throughout.
+        self.large_read_size: Optional[int] = None
         # Whether the blocks of read_sources() may be RecordSpans (records left in the read
         # buffer, valid until the next block is asked for): only a consumer that makes or
         # drops each block's records before asking for the next sets it (streamio.mix, for an
@@ -239,7 +242,9 @@ class EpochRun:
                 seen = 0  # records of this source so far
                 counters = [0] * len(shares)
                 base = ordinal << INDEX_BITS
-                for records in reader.record_lists(spans=spans, span_crcs=self.span_crcs):
+                large = self.large_read_size if "read_size" not in ds._reader_options else None
+                for records in reader.record_lists(spans=spans, span_crcs=self.span_crcs,
+                                                   large_read_size=large):
                     self.names[ordinal] = reader.source_name
                     if header_first and seen == 0 and (plan is None or plan.byte_range[0] == 0):
                         self.use_header(records[0], reader.source_name)

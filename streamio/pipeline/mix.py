@@ -46,8 +46,10 @@ and down again when the input's block is freed, read memory the record had left 
 earlier: a quarter fewer cache misses per epoch in the benchmark under valgrind's cache model);
 a block someone else holds (a cache's) is read, as before. Output blocks are about as long as
 the inputs' longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items). Without a
-decoder after the mix a block also ends where an input's block or the draws end (its records
-reach the consumer soonest, while they are still in the CPU's cache). With one (the mix's
+decoder after the mix a block also ends where the draws end or where an input's block of spans
+ends (the records made from it reach the consumer soonest, while they are still in the CPU's
+cache); the end of an input's list does not end one (its records were made a read earlier, and
+cutting there made about 80 more blocks an epoch of the benchmark's 16 KiB mix). With one (the mix's
 decoder, which decodes a block's batches in one call) the blocks all have one length, the next
 input block pulled in mid-block: the decoder then allocates the same sizes block after block,
 which the C allocator reuses (the items placed in a block wait for it to fill: an input slow to
@@ -61,9 +63,17 @@ against 1.15x (fresh processes, 11 rounds). Memory: one output block being place
 reader when the input ends: ``streamio._read_buffers``). An input not given its
 own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
 mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
-least ``MIN_READ_SIZE``). Together the inputs hold at most about twice what one Dataset holds
-(``MIN_READ_SIZE`` each beyond 16 inputs), not a reader's worth each, and an input's block is
-placed over a few of one reader's blocks' worth of output. With every input reading 1 MiB, the
+least ``MIN_READ_SIZE``). An input whose first read (``reader.PROBE_READ_SIZE``) shows large
+records (over ``reader.SPAN_MEAN_MAX`` bytes a frame) reads a larger share from then on
+(:func:`_large_shares`: twice one reader's size shared out the same way, each at most one
+reader's; two inputs read 1 MiB each, as each reads alone): a read of large records is few
+objects, and the work a read costs beyond its bytes (Python's, about 80,000 instructions) is
+then spread over as many bytes as alone (records of 16 KiB mixed 1.00-1.06x their inputs alone
+against 1.09-1.11x with the smaller shares, three runs each by turns, 2026-11-28). Small
+records keep the smaller shares (a read of them is thousands of objects: see below). Together
+the inputs hold at most about twice what one Dataset holds (``MIN_READ_SIZE`` each beyond 16
+inputs), not a reader's worth each, and an input's block is placed over a few of one reader's
+blocks' worth of output. With every input reading 1 MiB, the
 mix of the benchmark (``streamio bench --workloads mix``, small records) took 1.05x as long as
 with these shares (2026-11-27): the same user time, more page faults (2,022 an epoch against
 732). (An earlier version of the mix, reading 1 MiB each, ran 1.20-1.35x its inputs read in
@@ -258,9 +268,11 @@ def _source_slots(ds: Any) -> int:
 class _Input:
     """One input's epoch while it is mixed: its block chain and the items pulled, not placed."""
 
-    def __init__(self, ds: Any, outer: Any, base: int, read_size: int, track: bool) -> None:
+    def __init__(self, ds: Any, outer: Any, base: int, read_size: int, large_read_size: int,
+                 track: bool) -> None:
         self.run = EpochRun(ds, outer.epoch, outer.stats)  # its counters are the mix's
         self.run.read_size = read_size  # for its sources not given one
+        self.run.large_read_size = large_read_size  # theirs once their records prove large
         # An input that is its sources alone gives the records of its reads where they lie
         # (RecordSpans): the kernel makes them in output order, and uses up a block before
         # the next is asked for (see the module's docstring).
@@ -352,6 +364,8 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
     # Each input's share of the read size (see the module's docstring).
     budget = DEFAULT_READ_SIZE if run.read_size is None else run.read_size
     equal = 1 / sum(w > 0 for w in stage.weights)
+    large = _large_shares(stage.weights, equal,
+                          budget if run.large_read_size is None else run.large_read_size)
     # (input's Dataset for this epoch and reader, its first source number, its read size)
     plans: list = []
     base = 0
@@ -362,7 +376,8 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
             for num_shards, index in ds._round_robin:
                 plan = plan.shard(num_shards, index)
             share = max(MIN_READ_SIZE, int(budget * max(stage.weights[k], equal)))
-            plans.append((with_seeds(plan, _input_seeds(stage.seed, k, plan)), base, share))
+            plans.append((with_seeds(plan, _input_seeds(stage.seed, k, plan)), base, share,
+                          max(share, large[k])))
         else:
             plans.append(None)
         base += _source_slots(inp)
@@ -372,6 +387,27 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
     # The bit generator alone: the draws are its raw outputs (no Generator around it).
     bits = np.random.PCG64(sequence)
     return _interleave(plans, run, stage.weights, stage.stop, bits, track)
+
+
+def _large_shares(weights: tuple, equal: float, budget: int) -> list:
+    """Each input's read size once its records prove large (see the module's docstring):
+    twice ``budget`` shared by ``max(weight, equal)``, each at most ``budget`` (what one
+    capped share leaves goes to the others); 0 for an input of weight 0."""
+    want = {k: max(w, equal) for k, w in enumerate(weights) if w > 0}
+    out = [0] * len(weights)
+    total = 2 * budget
+    while want:
+        scale = total / math.fsum(want.values())
+        capped = [k for k, w in want.items() if w * scale >= budget]
+        if not capped:
+            for k, w in want.items():
+                out[k] = max(MIN_READ_SIZE, int(w * scale))
+            break
+        for k in capped:
+            out[k] = budget
+            total -= budget
+            del want[k]
+    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -418,12 +454,13 @@ def _interleave(plans: list, run: Any, weights: tuple, stop: str,
     # Blocks of one length for a decoder: see the module's docstring.
     equal = run.decoder is not None
     take = _TAKE
+    cut = False  # whether the output block goes out at the next turn, full or not
     try:
         # Built here, not when the epoch's chain is: a closed generator that never started
         # runs no finally, and an input's prefetch thread starts when it is built.
         for k, plan in enumerate(plans):
             if plan is not None:
-                inputs[k] = _Input(plan[0], run, plan[1], plan[2], track)
+                inputs[k] = _Input(plan[0], run, plan[1], plan[2], plan[3], track)
         while any(live):
             draws = _draw(bits)
             ended = None
@@ -432,11 +469,13 @@ def _interleave(plans: list, run: Any, weights: tuple, stop: str,
                 # Output blocks about as long as the inputs' longest (whose reader bounds its
                 # bytes). With a decoder after the mix they all have that length, whatever the
                 # draws and wherever the inputs' blocks end (`equal`); otherwise a block also
-                # ends where an input's or the draws end. Where blocks are cut never changes
-                # the order, only the block sizes.
-                if items and (not equal or len(items) == size):
+                # ends where the draws end or where a block of records made as they are placed
+                # (spans) ends (`cut`). Where blocks are cut never changes the order, only the
+                # block sizes.
+                if items and (cut or len(items) == size):
                     yield _output(items, placed)
                     items, size = None, 0
+                cut = False
                 if not size:
                     size = block
                     if track:
@@ -445,10 +484,12 @@ def _interleave(plans: list, run: Any, weights: tuple, stop: str,
                 items, t, short = take(draws, t, size - n, bounds, parts, starts, origins,
                                        None if placed is None else placed[n:], items)
                 if short < 0:
+                    cut = not equal  # the draws ended (or the block is full)
                     continue
                 # Input `short`'s block is used up: its next one, or it has ended. Held by
                 # `parts` alone (no local name here), so its items are moved, not counted.
                 inp = inputs[short]
+                cut = not equal and inp.spans is not None
                 if starts[short] < inp.length:
                     # Not used up: its next record failed the CRC check the kernel made as
                     # it copied it. The reader's error for it, raised below by the reader

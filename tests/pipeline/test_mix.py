@@ -10,17 +10,23 @@ import collections
 import gzip
 import json
 import os
+import random
 import subprocess
 import sys
 import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import streamio
 from streamio.errors import CorruptRecordError, DecodeError, UsageError, UsageTypeError
+from streamio.formats import encode_tfrecord
+from streamio.pipeline import mix as mix_module
+from streamio.reader import PROBE_READ_SIZE
 
 from hostile_http import HostileHTTPServer
+from support.recording import RecordingStream
 from support.examples import ID_X, id_example, write_id_examples
 
 SUBPROCESS_TIMEOUT = 240
@@ -251,13 +257,78 @@ def test_a_mix_of_many_inputs_holds_about_what_reading_them_in_turn_holds(tmp_pa
     assert _peak_bytes(big) > 3 * _peak_bytes(alone)
 
 
+def test_a_mix_of_inputs_of_large_records_holds_about_twice_what_one_reader_holds(tmp_path):
+    """Inputs whose records prove large read larger shares (twice one reader's read size
+    in all, at most one reader's each): eight inputs hold about what two readers hold, not
+    eight; two inputs read 1 MiB each, as each would alone."""
+    paths = [_lines(tmp_path / f"{k}.lines", f"{k}{'x' * 4000}", 300) for k in "abcdefgh"]
+    for inputs in (paths, paths[:2]):
+        mixed = streamio.mix([streamio.Dataset(p, "lines") for p in inputs], seed=0,
+                             stop="all_exhausted")
+        alone = streamio.Dataset(inputs, "lines")
+        # Two readers' buffers and blocks of records, and each input's first small read.
+        assert _peak_bytes(mixed) < 2 * _peak_bytes(alone) + len(inputs) * PROBE_READ_SIZE
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 1.0)), min_size=1, max_size=8)
+       .filter(lambda w: sum(w) > 0))
+def test_the_larger_shares_hold_twice_one_readers_size_each_at_most_one(weights):
+    """What the mix promises of its inputs' read sizes once their records prove large."""
+    budget = 1 << 20
+    total = sum(weights)
+    weights = tuple(w / total for w in weights)
+    live = [k for k, w in enumerate(weights) if w > 0]
+    equal = 1 / len(live)
+    large = mix_module._large_shares(weights, equal, budget)
+    for k, w in enumerate(weights):
+        if w == 0:
+            assert large[k] == 0
+            continue
+        share = max(mix_module.MIN_READ_SIZE, int(budget * max(w, equal)))
+        assert share <= large[k] <= budget
+    assert sum(large) <= 2 * budget
+    # The bound is used: min(two readers' worth, one each) within rounding.
+    assert sum(large) >= min(2, len(live)) * budget - len(live)
+    if len(live) <= 2:
+        assert all(large[k] == budget for k in live)
+
+
+def test_inputs_of_large_records_read_larger_shares_and_give_the_same_items():
+    """An input reads a share of one reader's 1 MiB (by its weight, or an equal share if that
+    is more: 768 KiB and 512 KiB here); one whose first read shows large records reads a larger
+    share from then on (two inputs: 1 MiB each, as each would alone), one of small records
+    keeps its share. The items are those of the same mix read in other chunks."""
+    rng = random.Random(3)
+    large = [rng.randbytes(rng.randrange(4 << 10, 12 << 10)) for _ in range(600)]
+    small = [rng.randbytes(rng.randrange(50, 300)) for _ in range(20000)]
+    data = [b"".join(encode_tfrecord(r) for r in records) for records in (large, small)]
+
+    def epoch(read_size=None):
+        streams = [RecordingStream(d) for d in data]
+        options = {} if read_size is None else {"read_size": read_size}
+        items = list(streamio.mix([streamio.Dataset(s, "tfrecord", **options)
+                                   for s in streams], [0.75, 0.25], seed=5,
+                                  stop="all_exhausted"))
+        return items, [s.sizes for s in streams]
+
+    items, (big, little) = epoch()
+    assert big[0] == PROBE_READ_SIZE and set(big[1:]) == {1 << 20}
+    assert little[0] == PROBE_READ_SIZE and set(little[1:]) == {512 << 10}
+    assert sorted(items) == sorted(large + small)
+    # Chunks never change the items: inputs given their own read size (kept, not grown).
+    again, sizes = epoch(read_size=100_000)
+    assert again == items and all(set(s) == {100_000} for s in sizes)
+
+
 def test_a_mix_with_a_decoder_cuts_its_output_into_blocks_of_one_length(tmp_path):
     """With a decoder after the mix (it decodes a block's batches in one call), the output
     blocks all have one length (after the first, cut before any input's block length is known),
     whatever the draws and wherever the inputs' blocks end: the decoder then allocates the same
     sizes block after block, which the C allocator reuses (blocks cut where an input's block
     ended made the heap grow and shrink, a tenth of a decoded epoch in page faults: see
-    streamio.pipeline.mix). Without a decoder a block ends where an input's does."""
+    streamio.pipeline.mix). Without a decoder a block ends where an input's block of spans
+    (small TFRecord records, made by the mix as it places them) does."""
     from streamio.pipeline.epoch import EpochRun
     from streamio.pipeline.stats import EpochStats
 
@@ -277,6 +348,30 @@ def test_a_mix_with_a_decoder_cuts_its_output_into_blocks_of_one_length(tmp_path
     decoded = block_sizes(ID_X)
     assert len(decoded) > 10 and len(set(decoded)) == 1, decoded
     assert len(set(block_sizes(None))) > 10
+
+
+def test_without_a_decoder_an_inputs_list_of_records_does_not_end_a_block(tmp_path):
+    """Records the mix makes from an input's spans go out when that block is used up (test
+    above); records an input's reader made, a read's list, were made a read earlier, so the
+    end of a list does not cut the output: its blocks have one length but where the draws end
+    (every DRAW choices), not one more block per input block."""
+    from streamio.pipeline.epoch import EpochRun
+    from streamio.pipeline.stats import EpochStats
+
+    a = _lines(tmp_path / "a.lines", "a", 60000)
+    b = _lines(tmp_path / "b.lines", "b", 20000)
+    mixed = streamio.mix([streamio.Dataset(a, "lines", read_size=8 * 1024),
+                          streamio.Dataset(b, "lines", read_size=8 * 1024)],
+                         [0.75, 0.25], seed=3, stop="all_exhausted")
+    sizes = [len(items) for items, _ in EpochRun(mixed, 0, EpochStats()).build()]
+    assert sum(sizes) == 80000
+    # The inputs gave about 100 blocks (8 KiB reads of 7-byte lines); every block is full
+    # but the last before a new draw or an input's end, and the first (before any input's
+    # block length was known).
+    length, full = collections.Counter(sizes).most_common(1)[0]
+    cuts = 80000 // mix_module.DRAW + 1
+    assert length > 1000 and full >= len(sizes) - cuts - 3, sizes
+    assert len(sizes) < 80000 // length + cuts + 3
 
 
 def test_an_input_cached_when_read_alone_is_served_from_its_cache_in_a_mix(tmp_path, ab):
