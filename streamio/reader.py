@@ -413,43 +413,35 @@ class RecordReader:
         # decode() would hand each chunk on as it is, so the chunks skip it.
         plain = codec is None or getattr(codec, "plain", False)
         size = self._first_read or self.read_size
-        buffer = read_buffers.lend(size)  # given back for the next reader
-        view = memoryview(buffer)
-        try:
-            while True:
-                if self._grow_to is not None:  # the size of the reads from here on
-                    grown, self._grow_to = self._grow_to, None
-                    if grown != size:
-                        size = grown
-                        view.release()
-                        read_buffers.give_back(buffer)
-                        buffer = None
-                        buffer = read_buffers.lend(size)
-                        view = memoryview(buffer)
-                rest = rest_buffer() if rest_buffer is not None and plain else None
-                t0 = clock()
-                n = readinto(view if rest is None else rest)
-                stats.source_wait_s += clock() - t0
-                if not n:
-                    break
-                stats.bytes_read += n
-                if rest is not None:
-                    rest.release()
-                    stats.bytes_decoded += n
-                    yield n
-                    continue
-                if plain:
-                    stats.bytes_decoded += n
-                    yield view[:n]
-                    continue
-                for piece in codec.decode(view[:n]):
-                    stats.bytes_decoded += len(piece)
-                    yield piece
-                plain = getattr(codec, "plain", False)  # decided while decoding
-        finally:
-            view.release()
-            if buffer is not None:
-                read_buffers.give_back(buffer)
+        while size:  # one size, or the first read's and then the size it decided
+            with read_buffers.borrowed(size) as view:  # kept for the next reader
+                size = 0
+                while True:
+                    if self._grow_to is not None:  # the size of the reads from here on
+                        grown, self._grow_to = self._grow_to, None
+                        if grown != len(view):
+                            size = grown
+                            break
+                    rest = rest_buffer() if rest_buffer is not None and plain else None
+                    t0 = clock()
+                    n = readinto(view if rest is None else rest)
+                    stats.source_wait_s += clock() - t0
+                    if not n:
+                        break
+                    stats.bytes_read += n
+                    if rest is not None:
+                        rest.release()
+                        stats.bytes_decoded += n
+                        yield n
+                        continue
+                    if plain:
+                        stats.bytes_decoded += n
+                        yield view[:n]
+                        continue
+                    for piece in codec.decode(view[:n]):
+                        stats.bytes_decoded += len(piece)
+                        yield piece
+                    plain = getattr(codec, "plain", False)  # decided while decoding
         self._mark_consumed()
         if codec is not None:
             for piece in codec.finish():
