@@ -68,8 +68,9 @@ records (over ``reader.SPAN_MEAN_MAX`` bytes a frame) reads a larger share from 
 (:func:`_large_shares`: twice one reader's size shared out the same way, each at most one
 reader's; two inputs read 1 MiB each, as each reads alone): a read of large records is few
 objects, and the work a read costs beyond its bytes (Python's, about 80,000 instructions) is
-then spread over as many bytes as alone (records of 16 KiB mixed 1.00-1.06x their inputs alone
-against 1.09-1.11x with the smaller shares, three runs each by turns, 2026-11-28). Small
+then spread over as many bytes as alone (records of 16 KiB mixed 1.00-1.09x their inputs alone
+over eleven runs, median 1.06, against 1.09-1.12x with the smaller shares in turns, 2026-11-28;
+docs/resume.md has the figures). Small
 records keep the smaller shares (a read of them is thousands of objects: see below). Together
 the inputs hold at most about twice what one Dataset holds (``MIN_READ_SIZE`` each beyond 16
 inputs), not a reader's worth each, and an input's block is placed over a few of one reader's
