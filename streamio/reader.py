@@ -205,8 +205,7 @@ class RecordReader:
         self.stats = ReaderStats()
         self._src: Optional[ByteSource] = None
         self._started = False
-        # The first read's size and the size _pieces turns to after it (record_lists).
-        self._first_read: Optional[int] = None
+        # The size _pieces turns to after its first read, when record_lists decides one.
         self._grow_to: Optional[int] = None
         self._closed = False
 
@@ -265,9 +264,8 @@ class RecordReader:
         :mod:`streamio.pipeline.mix`): small records keep the smaller reads (fewer objects
         made at once), large ones take fewer, larger reads, as a Dataset read alone does. The
         records are the same either way."""
-        if isinstance(large_read_size, bool) or not (
-                large_read_size is None or (isinstance(large_read_size, int)
-                                            and large_read_size > 0)):
+        if large_read_size is not None and (isinstance(large_read_size, bool) or not (
+                isinstance(large_read_size, int) and large_read_size > 0)):
             raise UsageError(f"large_read_size must be a positive int or None, not"
                              f" {large_read_size!r}")
         if self._started:
@@ -311,7 +309,7 @@ class RecordReader:
         # The read size after the first read, from its records (see above): decided once.
         grow = (large_read_size if large_read_size is not None and end is None
                 and large_read_size > self.read_size else None)
-        self._first_read = None if grow is None else min(PROBE_READ_SIZE, self.read_size)
+        first_read = self.read_size if grow is None else min(PROBE_READ_SIZE, self.read_size)
 
         def on_fault(index: int) -> FormatError:
             # Record `index` of the block lent out failed its consumer's CRC check: the
@@ -322,7 +320,7 @@ class RecordReader:
             feed = framer.feed
             # The framer sees one stream of pieces, whether they came straight from the source
             # or out of the codec (its tail included); finish() then ends the stream.
-            pieces = (self._pieces(src, codec, framer) if end is None else
+            pieces = (self._pieces(src, codec, framer, first_read) if end is None else
                       self._range_pieces(src, self._origin, end))
             for piece in pieces:
                 framing = True
@@ -358,11 +356,13 @@ class RecordReader:
                             yield lent
                             if lent.error is not None:  # the consumer found a record damaged
                                 raise lent.error
-                    if spans:  # spans for the next chunk if this one's records were small
-                        small = framed > 0 and len(piece) <= SPAN_MEAN_MAX * framed
+                    # Whether this chunk's records were small: spans for the next chunk,
+                    # and (the first chunk, once) the reader's own read size after it.
+                    small_records = framed > 0 and len(piece) <= SPAN_MEAN_MAX * framed
+                    if spans:
+                        small = small_records
                     if grow is not None:
-                        large = len(piece) > SPAN_MEAN_MAX * framed
-                        self._grow_to = grow if large else self.read_size
+                        self._grow_to = self.read_size if small_records else grow
                         grow = None
                 framing = False
                 stats.skipped_records = framer.skipped_records
@@ -399,10 +399,11 @@ class RecordReader:
             stats.skipped_bytes = framer.skipped_bytes
             self.close()
 
-    def _pieces(self, src: ByteSource, codec: Any, framer: Any) -> Iterator[Any]:
-        """The decompressed bytes of ``src``, chunk by chunk (views into one reused buffer); or,
-        where the stream is plain and the framer offers the rest of a large frame
-        (``rest_buffer``), the number of bytes read straight into it."""
+    def _pieces(self, src: ByteSource, codec: Any, framer: Any, size: int) -> Iterator[Any]:
+        """The decompressed bytes of ``src``, chunk by chunk (views into one reused buffer of
+        ``size`` bytes, or of the size record_lists then sets in ``_grow_to``); or, where the
+        stream is plain and the framer offers the rest of a large frame (``rest_buffer``), the
+        number of bytes read straight into it."""
         stats = self.stats
         clock = time.perf_counter
         readinto = src.readinto
@@ -412,7 +413,6 @@ class RecordReader:
         # A sniffing codec says "plain" only once it has seen the first bytes; from then on its
         # decode() would hand each chunk on as it is, so the chunks skip it.
         plain = codec is None or getattr(codec, "plain", False)
-        size = self._first_read or self.read_size
         while size:  # one size, or the first read's and then the size it decided
             with read_buffers.borrowed(size) as view:  # kept for the next reader
                 size = 0

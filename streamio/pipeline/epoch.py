@@ -220,6 +220,8 @@ class EpochRun:
         options = ds._reader_options
         if self.read_size is not None and "read_size" not in options:
             options = {**options, "read_size": self.read_size}
+        # Sources given their own read size keep it; others may read larger once large.
+        large = self.large_read_size if "read_size" not in ds._reader_options else None
         for ordinal in ds._selection:
             source = ds._all_sources[ordinal]
             # Fewer sources than readers: a byte range of the source where it allows one, else
@@ -242,7 +244,6 @@ class EpochRun:
                 seen = 0  # records of this source so far
                 counters = [0] * len(shares)
                 base = ordinal << INDEX_BITS
-                large = self.large_read_size if "read_size" not in ds._reader_options else None
                 for records in reader.record_lists(spans=spans, span_crcs=self.span_crcs,
                                                    large_read_size=large):
                     self.names[ordinal] = reader.source_name

@@ -49,8 +49,8 @@ the inputs' longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items).
 decoder after the mix a block also ends where the draws end or where an input's block of spans
 ends (the records made from it reach the consumer soonest, while they are still in the CPU's
 cache); the end of an input's list does not end one (its records were made a read earlier, and
-cutting there made about 80 more blocks an epoch of the benchmark's 16 KiB mix). With one (the mix's
-decoder, which decodes a block's batches in one call) the blocks all have one length, the next
+cutting there made about 80 more blocks an epoch of the benchmark's 16 KiB mix). With one (the
+mix's decoder, which decodes a block's batches in one call) the blocks all have one length, the next
 input block pulled in mid-block: the decoder then allocates the same sizes block after block,
 which the C allocator reuses (the items placed in a block wait for it to fill: an input slow to
 give its next block delays them by that wait, at most one block's worth, where the mix would
@@ -70,16 +70,15 @@ reader's; two inputs read 1 MiB each, as each reads alone): a read of large reco
 objects, and the work a read costs beyond its bytes (Python's, about 80,000 instructions) is
 then spread over as many bytes as alone (records of 16 KiB mixed 1.00-1.09x their inputs alone
 over eleven runs, median 1.06, against 1.09-1.12x with the smaller shares in turns, 2026-11-28;
-docs/resume.md has the figures). Small
-records keep the smaller shares (a read of them is thousands of objects: see below). Together
-the inputs hold at most about twice what one Dataset holds (``MIN_READ_SIZE`` each beyond 16
-inputs), not a reader's worth each, and an input's block is placed over a few of one reader's
-blocks' worth of output. With every input reading 1 MiB, the
-mix of the benchmark (``streamio bench --workloads mix``, small records) took 1.05x as long as
-with these shares (2026-11-27): the same user time, more page faults (2,022 an epoch against
-732). (An earlier version of the mix, reading 1 MiB each, ran 1.20-1.35x its inputs read in
-turn.) The equal share keeps an input drawn rarely from reading in pieces so small that the
-work per read outweighs that (records of 16 KiB).
+docs/resume.md has the figures). Small records keep the smaller shares (a read of them is
+thousands of objects: see below). Together the inputs hold at most about twice what one
+Dataset holds (``MIN_READ_SIZE`` each beyond 16 inputs), not a reader's worth each, and an
+input's block is placed over a few of one reader's blocks' worth of output. With every input
+reading 1 MiB, the mix of the benchmark (``streamio bench --workloads mix``, small records)
+took 1.05x as long as with these shares (2026-11-27): the same user time, more page faults
+(2,022 an epoch against 732). (An earlier version of the mix, reading 1 MiB each, ran
+1.20-1.35x its inputs read in turn.) The equal share keeps an input drawn rarely from reading
+in pieces so small that the work per read outweighs that (records of 16 KiB).
 
 An input's seeds that were drawn (``shuffle(seed=None)``) are replaced by seeds derived from the
 mix's seed and the input's place, so the mix's seed (which a resume state carries when it was
