@@ -43,7 +43,9 @@ The file is input another local user could have written: it is opened without fo
 symlink, must be a regular file of ours not writable by others, is never unpickled (its own
 framing, below), every length is checked before anything is allocated, and every block carries a
 SHA-256 checked before its items are handed out (a mismatch is a
-:class:`~streamio.CorruptRecordError` naming the file). The directory is created 0700.
+:class:`~streamio.CorruptRecordError` naming the file). The directory is created 0700, and one
+that is a link, another user's, or writable by others is refused (:mod:`.cache_dir`): the file
+names are predictable, and whoever can write the directory could put back an old file.
 
 File layout (all integers little-endian)::
 
@@ -82,6 +84,7 @@ import numpy as np
 
 from ..decoders.sparse import SparseBatch
 from ..errors import CorruptRecordError, SourceError, StreamioWarning, UsageError
+from .cache_dir import private_directory
 from .shuffle import estimate_nbytes
 from .stages import close_blocks
 
@@ -723,12 +726,9 @@ class _FileSink:
 
 
 def make_directory(directory: str) -> None:
-    """The cache directory, created 0700 (with its parents) if missing."""
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise SourceError(f"cannot create the cache directory: {exc.strerror or exc}",
-                          source=directory) from exc
+    """The cache directory, created 0700 if missing, refused unless private to this user
+    (:mod:`.cache_dir`)."""
+    private_directory(directory)
 
 
 class _CacheFile:
@@ -824,6 +824,7 @@ def cached_blocks(stage: Any, run: Any, position: int) -> Iterator[tuple]:
         sink: Any = None if complete is not None else _MemorySink(
             stage.memory, digest, stage.max_bytes or DEFAULT_MAX_BYTES)
     else:
+        make_directory(stage.directory)  # before anything in it is trusted
         path = os.path.join(stage.directory, f"{_FILE_PREFIX}{place}.bin")
         found = _fresh(open_cache_file(path, digest, stage.directory))
         complete = None if found is None else found.complete()
