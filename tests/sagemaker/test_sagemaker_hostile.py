@@ -46,7 +46,8 @@ def test_symlink_loops_list_each_file_once_in_bounded_time(tmp_path):
     os.symlink("part-0.tfrecord", folder / "again.tfrecord")  # the same file twice
     # In a child process: the old walk never ends and its memory grows.
     code = ("import sys; from streamio import sagemaker;"
-            f"ds = sagemaker.channel('train', root={str(tmp_path)!r}, decoder=None);"
+            f"ds = sagemaker.channel('train', root={str(tmp_path)!r}, decoder=None,"
+            " follow_links=True);"
             "print(repr([str(s) for s in ds.sources])); print(repr(list(ds)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
@@ -57,6 +58,38 @@ def test_symlink_loops_list_each_file_once_in_bounded_time(tmp_path):
     assert sources == ["again.tfrecord", "part-1.tfrecord", "part-2.tfrecord",
                        os.path.join("sub", "z.tfrecord")]
     assert sorted(eval(records_line)) == sorted(expected + [b"deep"])
+
+
+def test_a_link_below_the_channel_folder_is_refused_unless_followed(tmp_path):
+    """SageMaker puts objects, never links, in a File-mode channel: a link there was planted.
+    It is refused by name (the old walk followed it: /etc/passwd would be read as records);
+    the channel folder itself may be a link (set-ups that point it at another disk)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    streamio.write_records(str(outside / "secret.tfrecord"), "tfrecord", [b"secret"])
+    for planted in ("file", "folder"):
+        root = tmp_path / planted
+        folder = _file_channel(root)
+        expected = _write_shards(folder)
+        if planted == "file":
+            os.symlink(outside / "secret.tfrecord", folder / "zz.tfrecord")
+        else:
+            (folder / "deep").mkdir()
+            os.symlink(outside, folder / "deep" / "more")
+        link = "zz.tfrecord" if planted == "file" else os.path.join("deep", "more")
+        with pytest.raises(streamio.UsageError, match=f"{link} is a symbolic link.*follow_links"):
+            sagemaker.channel("train", root=str(root), decoder=None)
+        ds = sagemaker.channel("train", root=str(root), decoder=None, follow_links=True)
+        assert sorted(ds) == sorted(expected + [b"secret"])
+    # The channel folder as a link to the data on another disk: read as named.
+    root = tmp_path / "linked"
+    folder = _file_channel(root)
+    folder.rmdir()
+    real = tmp_path / "real-data"
+    real.mkdir()
+    expected = _write_shards(real)
+    os.symlink(real, folder)
+    assert sorted(sagemaker.channel("train", root=str(root), decoder=None)) == sorted(expected)
 
 
 @pytest.mark.parametrize("tool", ["index", "pack"])
