@@ -28,7 +28,8 @@ from typing import Optional
 
 from ..errors import UsageError
 
-__all__ = ["LinkRefusedHint", "LocalTree", "check_no_links", "refuse_link", "shown"]
+__all__ = ["LinkRefusedHint", "LocalTree", "check_glob_match", "check_no_links", "glob_root",
+           "refuse_link", "shown"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -224,3 +225,27 @@ def check_no_links(root: str, rel: str, hint: LinkRefusedHint) -> None:
         if stat.S_ISLNK(st.st_mode):
             raise refuse_link(path, hint)
 
+
+
+def glob_root(pattern: str) -> str:
+    """The part of a glob ``pattern`` before its first wildcard component: the folder the user
+    named (links in it are followed); "" for the working directory."""
+    import glob
+
+    parts = pattern.split(os.sep)
+    literal = []
+    for part in parts[:-1]:
+        if glob.has_magic(part):
+            break
+        literal.append(part)
+    root = os.sep.join(literal)
+    return os.sep if not root and pattern.startswith(os.sep) else root
+
+
+def check_glob_match(pattern: str, match: str, hint: LinkRefusedHint) -> None:
+    """Refuse ``match`` (a result of ``glob(pattern)``) if a component the wildcards matched,
+    or one below them, is a link: glob follows links, so ``data/*/x.rec`` would reach through
+    a folder link someone planted in ``data/``."""
+    root = glob_root(pattern)
+    rel = match[len(root):] if root and match.startswith(root) else match
+    check_no_links(root, rel, hint)

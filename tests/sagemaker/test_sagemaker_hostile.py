@@ -168,3 +168,23 @@ def test_augmented_manifest_without_a_decoder_yields_attribute_dicts(tmp_path):
 
     [items] = _pipe_epochs(root, args, 1, read)
     assert items == [{"source-ref": images[i], "class": str(i % 3).encode()} for i in range(3)]
+
+
+def test_the_emulator_refuses_a_link_inside_a_folder_it_copies(tmp_path):
+    """``sagemaker-local`` copies a channel's folder into the fake container: a link in it
+    (here to a file outside the folder) is refused, naming it; the old copy followed it."""
+    from streamio.sagemaker.emulator import Emulator, LocalChannel
+
+    data = tmp_path / "data"
+    data.mkdir()
+    expected = _write_shards(data)
+    (tmp_path / "outside.tfrecord").write_bytes(b"not the channel's")
+    os.symlink(tmp_path / "outside.tfrecord", data / "zz.tfrecord")
+    emulator = Emulator(str(tmp_path / "ml"), [LocalChannel("train", [str(data)],
+                                                            "application/x-tfrecord")])
+    with pytest.raises(streamio.UsageError, match=r"zz\.tfrecord is a symbolic link"):
+        emulator.prepare()
+    os.unlink(data / "zz.tfrecord")
+    emulator.prepare()
+    assert sorted(sagemaker.channel("train", root=str(tmp_path / "ml"), decoder=None)) == \
+        sorted(expected)
