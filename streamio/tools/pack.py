@@ -16,7 +16,10 @@ temporary name and renamed when whole, and a re-run of the same plan skips the s
 (an interrupted pack resumes); shards of a different earlier run under the same prefix are refused
 (``replace=True`` removes them), never mixed in. Files are read ``jobs`` at a time with a bounded look-ahead; nothing holds more
 than a few files' bytes. A file that cannot be read is reported, then skipped or fatal
-(``on_error``), never dropped silently. ``index=True`` writes beside each shard an index of
+(``on_error``), never dropped silently. Nothing outside ``src`` reaches a shard unless asked:
+a symbolic link below ``src`` is refused by name (``follow_links=True`` follows them), and each
+file is opened component by component from ``src``'s descriptor without following a link
+(:mod:`~streamio.sources.local_tree`). ``index=True`` writes beside each shard an index of
 ``offset length`` lines per record (DALI's and the ``tfrecord`` package's format; offsets in the
 uncompressed stream), or MXNet's ``.idx`` (``id<TAB>offset``) for RecordIO.
 """
