@@ -33,6 +33,7 @@ from ._util import ItemChain, exhaust_iterator
 from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
                       source_name)
 from .sources.base import check_timeout
+from .sources.local_tree import LocalTree, check_glob_match
 from .sources.ranged import MAX_OFFSET, open_at, range_capable
 
 #: Span blocks (``record_lists(spans=True)``) are given for a chunk only while the chunk before
@@ -110,13 +111,42 @@ def _is_glob(text: str) -> bool:
     return glob.has_magic(text) and not os.path.exists(text)
 
 
-def _readable_entry(path: str) -> bool:
+#: What a link refused in a directory or glob tells the user to do instead.
+_LINK_HINT = ("name the file itself (a path you give is followed), or pass the list of paths"
+              " (e.g. sorted(glob.glob(...)))")
+
+
+def _readable(mode: int) -> bool:
     # Regular files and FIFOs; directories are not descended into and hidden files are skipped.
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
     return stat.S_ISREG(mode) or stat.S_ISFIFO(mode)
+
+
+def _glob_matches(text: str) -> list:
+    """The files a glob matches, sorted; a match reached through a link that a wildcard (or a
+    ``**``) met is refused (:func:`~streamio.sources.local_tree.check_glob_match`)."""
+    matches = []
+    for path in sorted(glob.glob(text, recursive=True)):
+        if os.path.basename(path).startswith("."):
+            continue
+        check_glob_match(text, path, _LINK_HINT)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue
+        if _readable(mode):
+            matches.append(path)
+    return matches
+
+
+def _directory_files(text: str) -> list:
+    """A directory's files (not its subdirectories), sorted; a link in it is refused."""
+    try:
+        with LocalTree(text, hint=_LINK_HINT) as tree:
+            found = tree.files(recursive=False)
+    except OSError as exc:
+        raise SourceError(f"cannot list the directory: {exc.strerror or exc}",
+                          source=text) from exc
+    return [os.path.join(text, rel) for rel, st in found if _readable(st.st_mode)]
 
 
 def _expand(source: Any) -> list:
@@ -126,15 +156,12 @@ def _expand(source: Any) -> list:
         if isinstance(text, bytes) or text == "-" or "://" in text:
             return [source]
         if _is_glob(text):
-            matches = sorted(p for p in glob.glob(text, recursive=True)
-                             if not os.path.basename(p).startswith(".") and _readable_entry(p))
+            matches = _glob_matches(text)
             if not matches:
                 raise UsageError(f"no files match {text!r}")
             return without_index_files(matches)
         if os.path.isdir(text):
-            files = sorted(os.path.join(text, name) for name in os.listdir(text)
-                           if not name.startswith("."))
-            files = [p for p in files if _readable_entry(p)]
+            files = _directory_files(text)
             if not files:
                 raise UsageError(f"directory {text!r} holds no files to read")
             return without_index_files(files)
@@ -146,7 +173,9 @@ def expand_sources(source_or_list: Any) -> tuple:
     item; a glob (``"data/*.tfrecord"``) gives its matches, sorted; a directory its files, sorted
     (hidden ones and subdirectories skipped); from both, the index files of data files among
     them are left out (:func:`~streamio.formats.index_file.without_index_files`); anything else
-    is one source."""
+    is one source. A symbolic link that a directory holds, or that a glob's wildcards reach, is
+    refused with a :class:`UsageError` naming it (someone who can write the folder could point it
+    at a file they may not read); a path given as such is opened as named, links and all."""
     items = list(source_or_list) if isinstance(source_or_list, (list, tuple)) else [source_or_list]
     if not items:
         raise UsageError("no source given (an empty list)")

@@ -33,23 +33,28 @@ put in place: the epoch's items (handed out already, as a pipeline without a cac
 them out) came from a file that changed under them, so they may be neither the old contents nor
 the new; the next epoch reads the sources again. A warning, not an error: the epoch itself went
 as it would have without the cache, and failing the job at its end would punish the cache for
-what the source did. Sources that cannot be checked without a request (HTTP, S3, FIFOs,
-Pipe-mode channels, stdin, bytes, file objects) are not checked: delete the directory when their
-data changes. A file of an earlier streamio's format (version 1 recorded no identities) is
-stale too (warned, filled again: an upgrade does not stop a restarted job); a version no
-streamio wrote is refused.
+what the source did. HTTP(S) and S3 objects are checked the same way by what their server says
+of them (ETag, Last-Modified, size; one small request each, :mod:`.cache_sources`): one that
+differs, or does not answer, makes the cache stale. FIFOs, Pipe-mode channels, stdin, bytes and
+file objects have no identity outside their bytes and are not checked: delete the directory
+when their data changes. A file of an earlier streamio's format (version 1 recorded no
+identities, version 2 no remote ones) is stale too (warned, filled again: an upgrade does not
+stop a restarted job); a version no streamio wrote is refused.
 
 The file is input another local user could have written: it is opened without following a
 symlink, must be a regular file of ours not writable by others, is never unpickled (its own
 framing, below), every length is checked before anything is allocated, and every block carries a
 SHA-256 checked before its items are handed out (a mismatch is a
-:class:`~streamio.CorruptRecordError` naming the file). The directory is created 0700.
+:class:`~streamio.CorruptRecordError` naming the file). The directory is created 0700, and one
+that is a link, another user's, or writable by others is refused (:mod:`.cache_dir`): the file
+names are predictable, and whoever can write the directory could put back an old file.
 
 File layout (all integers little-endian)::
 
     block*   "SIOB" | u8 kind | u64 payload length | 32-byte SHA-256 of payload | payload
     manifest JSON (the digest, blocks, items, source names, a CSV header, the local files:
-             [path, size, mtime_ns, inode, device] each)
+             [path, size, mtime_ns, inode, device] each; the remote objects: [url, etag,
+             last_modified, size] each)
     trailer  "SIOCACHE" | u32 version | u64 manifest length | u64 blocks' length |
              32-byte SHA-256 of the manifest
 
@@ -82,6 +87,9 @@ import numpy as np
 
 from ..decoders.sparse import SparseBatch
 from ..errors import CorruptRecordError, SourceError, StreamioWarning, UsageError
+from .cache_dir import private_directory
+from .cache_sources import (changed_source, file_identities, identity_ok, local_files,
+                            remote_identities, remote_ok, remote_urls)
 from .shuffle import estimate_nbytes
 from .stages import close_blocks
 
@@ -93,8 +101,9 @@ __all__ = ["DEFAULT_MAX_BYTES", "FILL_EPOCH", "MemoryCache", "cache_digest", "ca
 DEFAULT_MAX_BYTES = 1 << 30
 #: The epoch the stages before a cache run as, whichever epoch fills it.
 FILL_EPOCH = 0
-#: 2: the manifest records the local files' identities (``files``).
-VERSION = 2
+#: 2: the manifest records the local files' identities (``files``); 3: and the remote
+#: objects' (``remote``: ETag, Last-Modified, size).
+VERSION = 3
 
 _BLOCK = struct.Struct("<4sBQ32s")
 _BLOCK_MAGIC = b"SIOB"
@@ -136,47 +145,6 @@ def cache_digest(ds: Any, position: int) -> tuple[str, str]:
     digest = hashlib.sha256(json.dumps(description, sort_keys=True, default=repr).encode())
     place_key = hashlib.sha256(json.dumps(place, sort_keys=True).encode()).hexdigest()[:20]
     return digest.hexdigest(), place_key
-
-
-# -- the local files' identities -----------------------------------------------------------------
-def local_files(ds: Any, stages: tuple) -> list:
-    """The local paths ``ds`` reads through ``stages``: its sources that name a path (a plain
-    path or a ``file://`` URL), and those of a mix's inputs, in order, each once."""
-    from ..sources.schemes import local_path
-
-    paths = [local_path(ds._all_sources[i]) for i in ds._selection]
-    for stage in stages:
-        for inp in getattr(stage, "inputs", ()):  # a Mix stage's Datasets
-            paths.extend(local_files(inp, inp._stages))
-    return list(dict.fromkeys(p for p in paths if p is not None))
-
-
-def _identity(path: str) -> Optional[list]:
-    """``[size, mtime_ns, inode, device]`` of ``path`` if it names a regular file now (stat
-    only: a FIFO is never opened), else None."""
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):  # missing, unreadable directory, a NUL in the name
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-
-
-def file_identities(paths: list) -> list:
-    """``[path, size, mtime_ns, inode, device]`` of each path naming a regular file (the others,
-    FIFOs and missing files, are not recorded: the fill's read reports a missing one)."""
-    found = ((path, _identity(path)) for path in paths)
-    return [[path, *identity] for path, identity in found if identity is not None]
-
-
-def changed_file(files: list) -> Optional[str]:
-    """The first of ``files`` (:func:`file_identities`) that is missing or not the file it was;
-    None if every one is as recorded."""
-    for path, *identity in files:
-        if _identity(path) != identity:
-            return path
-    return None
 
 
 # -- encoding a block --------------------------------------------------------------------------
@@ -438,22 +406,7 @@ def parse_trailer(tail: bytes, size: int, where: str) -> tuple[int, int, bytes]:
 
 
 _MANIFEST_KEYS = {"streamio_cache", "digest", "blocks", "items", "names", "header",
-                  "header_source", "files"}
-# A file identity's numbers (os.stat's): size, mtime_ns (before 1970 is negative), inode, device.
-_IDENTITY_RANGES = ((0, 2 ** 63), (-2 ** 63, 2 ** 63), (0, 2 ** 64), (0, 2 ** 64))
-
-
-def _identity_ok(entry: Any) -> bool:
-    """``[path, size, mtime_ns, inode, device]``: a non-empty path without NUL, numbers in
-    ``os.stat``'s ranges (``type() is int``: no bool, no float)."""
-    if type(entry) is not list or len(entry) != 1 + len(_IDENTITY_RANGES):
-        return False
-    path, *numbers = entry
-    return (type(path) is str and path != "" and "\0" not in path
-            and all(type(x) is int and low <= x < high
-                    for x, (low, high) in zip(numbers, _IDENTITY_RANGES)))
-
-
+                  "header_source", "files", "remote"}
 def parse_manifest(data: bytes, sha: bytes, where: str, offset: int) -> dict:
     """The manifest, checked: its SHA-256, JSON, and every field's type."""
     def bad(reason: str) -> CorruptRecordError:
@@ -481,8 +434,11 @@ def parse_manifest(data: bytes, sha: bytes, where: str, offset: int) -> dict:
             source is None or isinstance(source, str)):
         raise bad("header")
     files = manifest["files"]
-    if not (type(files) is list and all(_identity_ok(f) for f in files)):
+    if not (type(files) is list and all(identity_ok(f) for f in files)):
         raise bad(f"local files {files!r:.80}")
+    remote = manifest["remote"]
+    if not (type(remote) is list and all(remote_ok(r) for r in remote)):
+        raise bad(f"remote objects {remote!r:.80}")
     return manifest
 
 
@@ -626,9 +582,10 @@ class _FileSink:
     renamed over the final name once the epoch is complete; removed otherwise."""
 
     def __init__(self, directory: str, path: str, digest: str, limit: Optional[int],
-                 files: list) -> None:
+                 files: list, remote: list) -> None:
         self.directory, self.path, self.digest, self.limit = directory, path, digest, limit
         self.files = files  # the local files' identities when the fill began
+        self.remote = remote  # the remote objects' (ETag, Last-Modified, size)
         self.tmp: Optional[str] = None
         self.file: Any = None
         self.written = 0
@@ -677,7 +634,7 @@ class _FileSink:
         self.items += len(items)
 
     def commit(self, complete: _Complete) -> None:
-        changed = changed_file(self.files)
+        changed = changed_source(self.files, self.remote)
         if changed is not None:  # not put in place (the module docstring says why); the
             # caller's abandon() removes the temp file
             warnings.warn(f"source {changed} changed while the cache {self.path} was filling:"
@@ -691,7 +648,7 @@ class _FileSink:
             "streamio_cache": VERSION, "digest": self.digest, "blocks": self.blocks,
             "items": self.items, "names": {str(k): v for k, v in complete.names.items()},
             "header": _encode_header(complete.header), "header_source": complete.header_source,
-            "files": self.files,
+            "files": self.files, "remote": self.remote,
         }, sort_keys=True).encode()
         body = self.written
         trailer = _TRAILER.pack(_MAGIC, VERSION, len(manifest), body,
@@ -723,12 +680,9 @@ class _FileSink:
 
 
 def make_directory(directory: str) -> None:
-    """The cache directory, created 0700 (with its parents) if missing."""
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise SourceError(f"cannot create the cache directory: {exc.strerror or exc}",
-                          source=directory) from exc
+    """The cache directory, created 0700 if missing, refused unless private to this user
+    (:mod:`.cache_dir`)."""
+    private_directory(directory)
 
 
 class _CacheFile:
@@ -824,13 +778,16 @@ def cached_blocks(stage: Any, run: Any, position: int) -> Iterator[tuple]:
         sink: Any = None if complete is not None else _MemorySink(
             stage.memory, digest, stage.max_bytes or DEFAULT_MAX_BYTES)
     else:
+        make_directory(stage.directory)  # before anything in it is trusted
         path = os.path.join(stage.directory, f"{_FILE_PREFIX}{place}.bin")
         found = _fresh(open_cache_file(path, digest, stage.directory))
         complete = None if found is None else found.complete()
-        # Stat'ed before the upstream is built (it may open the files at once: a prefetch).
+        # Asked before the upstream is built (it may open the sources at once: a prefetch).
+        prefix = run.ds._stages[:position]
         sink = None if found is not None else _FileSink(
             stage.directory, path, digest, stage.max_bytes,
-            file_identities(local_files(run.ds, run.ds._stages[:position])))
+            file_identities(local_files(run.ds, prefix)),
+            remote_identities(remote_urls(run.ds, prefix)))
     if complete is not None:
         try:
             yield from _serve(complete, run, batched)
@@ -867,7 +824,7 @@ def _fresh(found: Optional[_CacheFile]) -> Optional[_CacheFile]:
     (closed), with a warning naming the file: the epoch then fills the cache anew."""
     if found is None:
         return None
-    changed = changed_file(found.manifest["files"])
+    changed = changed_source(found.manifest["files"], found.manifest["remote"])
     if changed is None:
         return found
     found.close()

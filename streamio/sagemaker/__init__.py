@@ -12,9 +12,12 @@
 
 * ``TrainingInputMode``: ``Pipe`` reads the FIFOs ``<name>_<epoch>`` (one per epoch, each
   ``iter()`` the next); ``File`` and ``FastFile`` read the files under ``<root>/input/data/<name>/``
-  (recursively, sorted, hidden files skipped; links followed, but each file and directory
-  visited once, so a link loop ends; index files beside shards are left to the byte-range
-  planner, not read as records). The same records come out either way.
+  (recursively, sorted, hidden files skipped; index files beside shards are left to the
+  byte-range planner, not read as records). The same records come out either way. The channel's
+  folder may itself be a link (it is opened as named); a symbolic link *below* it is refused
+  with a UsageError naming it (SageMaker downloads objects, never links, so one there was
+  put there by someone else) unless ``follow_links=True``: then links are followed, each file
+  and directory visited once, so a link loop ends.
 * ``ContentType`` picks the format and the decoder (:data:`CONTENT_TYPES`); explicit ``format=``
   and ``decoder=`` arguments win.
 * ``CompressionType: Gzip``: gzip is recognised by its magic bytes (SageMaker documents that it
@@ -42,7 +45,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -54,6 +56,7 @@ from ..formats.index_file import without_index_files
 from ..formats.whole_object import WholeObjectFramer  # format "object", registered there
 from ..pipeline import Dataset
 from ..sources import PipeChannel
+from ..sources.local_tree import LocalTree
 from .config import (SAGEMAKER_ROOT, ChannelConfig, ConfigError, ResourceConfig, channels,
                      check_channel_name, resources)
 from .wrapping import ManifestAttributes, WrappedPipeChannel, split_manifest_record
@@ -228,42 +231,29 @@ def _local_rank(num_hosts: int) -> Optional[tuple]:
     return None
 
 
-def _walk_files(root: str) -> list:
-    """The files under ``root``, following symbolic links, each file and directory once (by
-    device and inode: a link back up the tree, ``x -> .``, is not walked again), hidden names
-    skipped, in the order of their path components. Time and memory grow with the distinct
-    files and directories, whatever the links."""
-    found: list = []
-    seen: set = set()  # (device, inode) of every directory and file met
-    pending = [root]  # a stack of paths still to look at, the next one last
-    while pending:
-        path = pending.pop()
-        try:
-            st = os.stat(path)
-        except OSError:  # a dangling link: listed, so that opening it says what is wrong
-            found.append(path)
-            continue
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
-            continue
-        seen.add(key)
-        if not stat.S_ISDIR(st.st_mode):
-            found.append(path)
-            continue
-        try:
-            names = sorted((n for n in os.listdir(path) if not n.startswith(".")), reverse=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot list {path}: {exc.strerror}") from exc
-        pending.extend(os.path.join(path, n) for n in names)
-    return found
+def _walk_files(root: str, follow_links: bool = False) -> list:
+    """The files under ``root`` (opened as named), hidden names skipped, in the order of their
+    path components. A link below ``root`` is refused (a UsageError naming it) unless
+    ``follow_links``: then each file and directory is listed once (by device and inode: a link
+    back up the tree, ``x -> .``, is not walked again; a dangling link is listed, so that opening
+    it says what is wrong), and time and memory grow with the distinct files and directories,
+    whatever the links."""
+    hint = "pass channel(..., follow_links=True) to read what links point at"
+    try:
+        with LocalTree(root, follow_links=follow_links, hint=hint, once=True) as tree:
+            return [os.path.join(root, rel) for rel, _ in tree.files()]
+    except UsageError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"cannot list {exc.filename or root}: {exc.strerror}") from exc
 
 
-def _files(config: ChannelConfig) -> list:
+def _files(config: ChannelConfig, follow_links: bool = False) -> list:
     root = config.data_path
     if not os.path.isdir(root):
         raise ConfigError(f"channel {config.name!r} ({config.input_mode} mode) has no directory"
                           f" {root}", path=config.source, key=config.name)
-    found = without_index_files(_walk_files(root))
+    found = without_index_files(_walk_files(root, follow_links))
     if not found:
         raise ConfigError(f"channel {config.name!r} holds no files under {root}",
                           path=config.source, key=config.name)
@@ -290,7 +280,7 @@ def channel(name: str, decoder: Any = _NOT_GIVEN, *, format: Optional[str] = Non
             root: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
             attribute_names: Optional[Sequence[str]] = None,
             open_timeout: Optional[float] = None, read_timeout: Optional[float] = None,
-            **reader_options: Any) -> Dataset:
+            follow_links: bool = False, **reader_options: Any) -> Dataset:
     """The SageMaker channel ``name`` as a :class:`~streamio.Dataset`, in any input mode.
 
     ``decoder``: default from the channel's ContentType (RecordIO-protobuf ->
@@ -300,7 +290,9 @@ def channel(name: str, decoder: Any = _NOT_GIVEN, *, format: Optional[str] = Non
     ContentType's. ``root``: the directory that stands for ``/opt/ml`` (then only its files are
     read; pass ``env`` to consult variables too). ``attribute_names``: the augmented manifest's
     attributes where the configuration does not list them. ``open_timeout``/``read_timeout``:
-    for Pipe mode's FIFOs (defaults: :class:`~streamio.PipeChannel`'s). Other keywords go to the
+    for Pipe mode's FIFOs (defaults: :class:`~streamio.PipeChannel`'s). ``follow_links``: File
+    and FastFile mode read what symbolic links below the channel's folder point at (by default
+    such a link is refused, naming it). Other keywords go to the
     reader (``on_error``, ``max_record_size``, ...). See the module docstring for every setting.
     """
     check_channel_name(name)
@@ -351,7 +343,7 @@ def channel(name: str, decoder: Any = _NOT_GIVEN, *, format: Optional[str] = Non
                               key="TrainingInputMode")
         fmt, options, per_object = _format_for(config, format)
         default = _default_decoder(config.content_type) if format is None else None
-        source = _files(config)
+        source = _files(config, follow_links)
     options.update(reader_options)
     chosen = default if decoder is _NOT_GIVEN else decoder
     ds = ChannelDataset(source, fmt, decoder=chosen, **options)

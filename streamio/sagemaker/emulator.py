@@ -32,6 +32,7 @@ from typing import Optional, Sequence, TextIO
 
 from ..errors import UsageError
 from ..formats.recordio import LENGTH_MASK, MAGIC
+from ..sources.local_tree import LocalTree, check_glob_match
 from ..tools.serve_pipe import open_fifo_writer
 from .config import DISTRIBUTIONS, INPUT_MODES, check_channel_name
 
@@ -63,22 +64,29 @@ class LocalChannel:
     shuffle_seed: Optional[int] = None
 
 
+_LINK_HINT = "name the file itself (a path you give is followed)"
+
+
 def _objects(paths: Sequence[str]) -> list:
-    """[(key, path)] of the objects ``paths`` name, each directory's files sorted."""
+    """[(key, path)] of the objects ``paths`` name, each directory's files sorted (a folder's
+    files before its subfolders). A path given is read as named; a symbolic link inside a
+    directory given, or reached by a glob's wildcards, is refused, naming it (as streamio's
+    own walks do: :mod:`~streamio.sources.local_tree`)."""
     found = []
     for given in paths:
         text = os.fspath(given)
         if os.path.isfile(text):
             found.append((os.path.basename(text), text))
         elif os.path.isdir(text):
-            for folder, dirs, names in os.walk(text):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for n in sorted(names):
-                    if not n.startswith("."):
-                        path = os.path.join(folder, n)
-                        found.append((os.path.relpath(path, text), path))
+            with LocalTree(text, hint=_LINK_HINT) as tree:
+                found.extend((rel, os.path.join(text, rel))
+                             for rel, _ in tree.files(files_first=True))
         else:
-            matches = sorted(p for p in _glob.glob(text, recursive=True) if os.path.isfile(p))
+            matches = []
+            for p in sorted(_glob.glob(text, recursive=True)):
+                check_glob_match(text, p, _LINK_HINT)
+                if os.path.isfile(p):
+                    matches.append(p)
             if not matches:
                 raise UsageError(f"no files at {text!r}")
             found.extend((os.path.basename(p), p) for p in matches)

@@ -16,7 +16,10 @@ temporary name and renamed when whole, and a re-run of the same plan skips the s
 (an interrupted pack resumes); shards of a different earlier run under the same prefix are refused
 (``replace=True`` removes them), never mixed in. Files are read ``jobs`` at a time with a bounded look-ahead; nothing holds more
 than a few files' bytes. A file that cannot be read is reported, then skipped or fatal
-(``on_error``), never dropped silently. ``index=True`` writes beside each shard an index of
+(``on_error``), never dropped silently. Nothing outside ``src`` reaches a shard unless asked:
+a symbolic link below ``src`` is refused by name (``follow_links=True`` follows them), and each
+file is opened component by component from ``src``'s descriptor without following a link
+(:mod:`~streamio.sources.local_tree`). ``index=True`` writes beside each shard an index of
 ``offset length`` lines per record (DALI's and the ``tfrecord`` package's format; offsets in the
 uncompressed stream), or MXNet's ``.idx`` (``id<TAB>offset``) for RecordIO.
 """
@@ -25,10 +28,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
+import errno
 import glob
 import json
 import os
 import random
+import stat
 import struct
 import sys
 import time
@@ -39,6 +44,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
 from ..decoders import encode_example
 from ..errors import PackError, UsageError
 from ..formats import encode_recordio, encode_tfrecord
+from ..sources.local_tree import LocalTree, check_no_links
 from .index import index_path, write_index_file
 from .pack_checks import check_inside, claim_prefix, create_temp, image_problem, printable
 
@@ -141,25 +147,27 @@ class _Item:
     size: int
     id: int
     mtime_ns: int = 0
+    outside: bool = False  # a manifest entry outside SRC_DIR (allow_outside_src): opened as named
 
 
-def _walk_folders(src: str, extensions: Optional[Sequence[str]]) -> tuple:
-    """ImageFolder: class names are the sorted top-level folders, labels their indices."""
-    classes = sorted(d for d in os.listdir(src)
-                     if not d.startswith(".") and os.path.isdir(os.path.join(src, d)))
+_LINK_HINT = "pass follow_links=True (--follow-links) to pack what links point at"
+
+
+def _walk_folders(tree: LocalTree, extensions: Optional[Sequence[str]]) -> tuple:
+    """ImageFolder: class names are the sorted top-level folders, labels their indices. Links
+    below SRC_DIR are refused unless the tree follows them (:mod:`~streamio.sources.local_tree`).
+    Returns ``(classes, [(path, rel, label, stat)])``."""
+    classes = tree.folders()
     if not classes:
-        raise UsageError(f"{src} has no class folders (ImageFolder layout: one folder per class)")
+        raise UsageError(f"{tree.root} has no class folders (ImageFolder layout: one folder per"
+                         " class)")
     found = []
+    seen: set = set()  # following links: a folder reached from two classes is walked once
     for label, name in enumerate(classes):
-        for folder, dirs, names in os.walk(os.path.join(src, name)):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for n in sorted(names):
-                if n.startswith("."):
-                    continue
-                if extensions and not n.lower().endswith(tuple(extensions)):
-                    continue
-                path = os.path.join(folder, n)
-                found.append((path, os.path.relpath(path, src), label))
+        for rel, st in tree.files(name, files_first=True, seen=seen):
+            if extensions and not rel.lower().endswith(tuple(extensions)):
+                continue
+            found.append((os.path.join(tree.root, rel), rel, label, st))
     return classes, found
 
 
@@ -202,7 +210,7 @@ def _read_manifest(manifest: str, src: str, allow_outside: bool = False) -> tupl
     else:
         classes = sorted({str(x) for x in labels})
         index = {x: classes.index(str(x)) for x in labels}
-    found = [(os.path.join(src, p), p, index[label]) for p, label in rows]
+    found = [(os.path.join(src, p), p, index[label], None) for p, label in rows]
     return classes, found
 
 
@@ -268,11 +276,14 @@ class _Progress:
             self.stream.flush()
 
 
-def _read_all(items: list, jobs: int) -> Iterator[tuple]:
-    """(item, bytes or the OSError) in order, ``jobs`` files read at once, a bounded window."""
+def _read_all(items: list, jobs: int, tree: LocalTree) -> Iterator[tuple]:
+    """(item, bytes or the OSError) in order, ``jobs`` files read at once, a bounded window.
+    Files below SRC_DIR are opened through ``tree`` (no component a link, unless it follows
+    them: a link swapped in since the walk fails the open, ``ELOOP``)."""
     def read(item: _Item):
         try:
-            with open(item.path, "rb") as f:
+            fd = os.open(item.path, os.O_RDONLY) if item.outside else tree.open(item.rel)
+            with open(fd, "rb") as f:
                 return f.read()
         except OSError as exc:
             return exc
@@ -301,7 +312,7 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
          index: bool = False, on_error: str = "raise",
          extensions: Optional[Sequence[str]] = None,
          progress: Optional[bool] = None, replace: bool = False,
-         allow_outside_src: bool = False) -> PackResult:
+         allow_outside_src: bool = False, follow_links: bool = False) -> PackResult:
     """Pack the files under ``src`` into shards ``<out_prefix>-NNNNN.tfrecord`` (or ``.rec``).
 
     ``labels="folders"``: ImageFolder (labels from the sorted class folder names); or pass
@@ -313,13 +324,29 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
     terminal). ``replace``: remove the shards (and indexes) an earlier, different run left
     under ``out_prefix`` instead of refusing to mix with them (a re-run of the same plan, an
     interrupted pack, resumes without it). ``allow_outside_src``: pack manifest entries that
-    lie outside ``src`` (absolute paths, ``..``). Image files whose header does not read, or
+    lie outside ``src`` (absolute paths, ``..``). ``follow_links``: pack what symbolic links
+    below ``src`` point at (each folder walked once); without it a link (a file, a folder at any
+    depth, a class folder, a component of a manifest entry) is refused with a
+    :class:`UsageError` naming it, and files are opened without following any link below
+    ``src``, so nothing outside ``src`` reaches a shard (``src`` itself may be a link: it is
+    the folder you named). Image files whose header does not read, or
     that are cut short, are bad files for ``on_error``. Returns a :class:`PackResult`; see the
     module docstring for the record layout.
     """
     _check_pack_options(src, format, compression, on_error, shard_size, jobs, shuffle, seed)
     started = time.monotonic()
-    classes, items, skipped = _gather(src, labels, manifest, extensions, allow_outside_src,
+    with LocalTree(src, follow_links=follow_links, hint=_LINK_HINT) as tree:
+        return _pack(tree, out_prefix, format, shard_size, labels, manifest, compression,
+                     shuffle, seed, jobs, index, on_error, extensions, progress, replace,
+                     allow_outside_src, started)
+
+
+def _pack(tree: LocalTree, out_prefix: str, format: str, shard_size: int, labels: str,
+          manifest: Optional[str], compression: Optional[str], shuffle: bool,
+          seed: Optional[int], jobs: int, index: bool, on_error: str,
+          extensions: Optional[Sequence[str]], progress: Optional[bool], replace: bool,
+          allow_outside_src: bool, started: float) -> PackResult:
+    classes, items, skipped = _gather(tree, labels, manifest, extensions, allow_outside_src,
                                       on_error)
     if shuffle:
         random.Random(seed).shuffle(items)
@@ -338,7 +365,8 @@ def pack(src: str, out_prefix: str, *, format: str = "tfrecord",
         print(f"streamio pack: skipped {printable(path)}: {reason}", file=sys.stderr)
     _write_shards(plan, f"{out_prefix}-{{:05d}}{suffix}", record_plan, bar, result,
                   lambda path, shard, update: _write_shard(path, shard, format, compression, jobs,
-                                                           index, on_error, result, update))
+                                                           index, on_error, result, update,
+                                                           tree))
     result.seconds = time.monotonic() - started
     return result
 
@@ -362,29 +390,52 @@ def _check_pack_options(src: str, format: str, compression: Optional[str], on_er
         raise UsageError(f"not a directory: {src}")
 
 
-def _gather(src: str, labels: str, manifest: Optional[str],
+def _gather(tree: LocalTree, labels: str, manifest: Optional[str],
             extensions: Optional[Sequence[str]], allow_outside_src: bool,
             on_error: str) -> tuple:
     """``(classes, items, skipped)``: the files to pack (from the class folders or the
     manifest), each stat'ed once, and the ``(path, reason)`` of those that could not be."""
     if manifest is not None:
-        classes, found = _read_manifest(manifest, src, allow_outside_src)
+        classes, found = _read_manifest(manifest, tree.root, allow_outside_src)
     elif labels == "folders":
-        classes, found = _walk_folders(src, extensions)
+        classes, found = _walk_folders(tree, extensions)
     else:
         raise UsageError(f"labels must be 'folders' (or pass manifest=), not {labels!r}")
     items = []
     skipped = []
-    for i, (path, rel, label) in enumerate(found):
+    for i, (path, rel, label, st) in enumerate(found):
+        outside = _outside(rel)
         try:
-            st = os.stat(path)
+            if st is None and outside:
+                st = os.stat(path)
+            elif st is None:
+                st = _stat_entry(tree, rel)
+            elif stat.S_ISLNK(st.st_mode):  # following links, one that leads nowhere
+                os.stat(path)
         except OSError as exc:
             if on_error == "raise":
                 raise PackError(f"cannot read ({exc.strerror})", path=path) from exc
             skipped.append((path, exc.strerror))
             continue
-        items.append(_Item(path, rel, label, st.st_size, i, st.st_mtime_ns))
+        items.append(_Item(path, rel, label, st.st_size, i, st.st_mtime_ns, outside))
     return classes, items, skipped
+
+
+def _outside(rel: str) -> bool:
+    """A manifest entry outside SRC_DIR (absolute, or ``..`` out of it)."""
+    normal = os.path.normpath(rel)
+    return os.path.isabs(rel) or normal == os.pardir or normal.startswith(os.pardir + os.sep)
+
+
+def _stat_entry(tree: LocalTree, rel: str) -> os.stat_result:
+    """A manifest entry's stat, through ``tree`` (no component a link unless it follows them):
+    an entry that passes through a link is refused, naming the link."""
+    try:
+        return tree.stat(rel)
+    except OSError as exc:
+        if not tree.follow_links and exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            check_no_links(tree.root, os.path.normpath(rel), tree.hint)
+        raise
 
 
 def _write_shards(plan: list, name: str, record_plan: Optional[Callable[[], None]],
@@ -417,14 +468,15 @@ def _write_shards(plan: list, name: str, record_plan: Optional[Callable[[], None
 
 
 def _write_shard(path: str, shard: list, format: str, compression: Optional[str], jobs: int,
-                 index: bool, on_error: str, result: PackResult, report) -> int:
+                 index: bool, on_error: str, result: PackResult, report,
+                 tree: LocalTree) -> int:
     """Write one shard under a temporary name, then rename it (and its index) into place."""
     compressor = zlib.compressobj(6, zlib.DEFLATED, 31) if compression else None
     offsets: list = []
     position = written = 0
     files = nbytes = 0
     with create_temp(path) as f:
-        for item, data in _read_all(shard, jobs):
+        for item, data in _read_all(shard, jobs, tree):
             problem = _bad_file(item, data)
             if problem is not None:
                 if on_error == "raise":
@@ -510,6 +562,10 @@ def add_cli(sub) -> None:
                         " OUT_PREFIX (without it such a run is refused, never mixed in)")
     p.add_argument("--allow-outside-src", action="store_true",
                    help="pack manifest entries outside SRC_DIR (absolute paths, '..')")
+    p.add_argument("--follow-links", action="store_true",
+                   help="pack what symbolic links below SRC_DIR point at (without it a link is"
+                        " refused, naming it: one planted in a folder others may write could"
+                        " pull in files they may not read)")
     p.set_defaults(func=cmd_pack)
 
 
@@ -518,7 +574,8 @@ def cmd_pack(args) -> int:
                   shard_size=_size(args.shard_size), labels=args.labels, manifest=args.manifest,
                   compression=args.compression, shuffle=args.shuffle, seed=args.seed,
                   jobs=args.jobs, index=args.index, on_error=args.on_error,
-                  replace=args.replace, allow_outside_src=args.allow_outside_src)
+                  replace=args.replace, allow_outside_src=args.allow_outside_src,
+                  follow_links=args.follow_links)
     rate = result.bytes / result.seconds / 1e6 if result.seconds > 0 else 0.0
     print(f"packed {result.files} files into {len(result.shards)} shards"
           f" ({result.bytes / 1e6:,.1f} MB, {result.files / max(result.seconds, 1e-9):,.0f}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import json
 import random
 import shutil
 import struct
@@ -502,6 +503,11 @@ def cache_file_seeds(rng: random.Random) -> List[bytes]:
             seeds.append(T.encode_cache_file(raw))
             _, _, manifest_len, body_len, _ = C._TRAILER.unpack(raw[-C._TRAILER.size:])
             seeds.append(raw[body_len:body_len + manifest_len])
+            # The same manifest recording remote objects (what an HTTP or S3 cache records).
+            manifest = json.loads(raw[body_len:body_len + manifest_len])
+            manifest["remote"] = [["http://127.0.0.1:1/a.tfrecord", '"e1"', None, 17],
+                                  ["s3://b/k", None, "2026-01-01T00:00:00+00:00", None]]
+            seeds.append(json.dumps(manifest, sort_keys=True).encode())
 
         sparse = streamio.SparseBatch(np.array([0, 2]), np.array([0, 3]),
                                       np.array([1, 2], np.int8), (1, 5))

@@ -975,7 +975,8 @@ def _cache_item_ok(item: Any) -> bool:
 
 def _check_cache_manifest(manifest: dict) -> None:
     """A manifest the parser accepted: its local files are ``[path, size, mtime_ns, inode,
-    device]`` with a str path and ints in os.stat's ranges (what the staleness check compares)."""
+    device]`` with a str path and ints in os.stat's ranges, its remote objects ``[url, etag,
+    last_modified, size]`` (what the staleness check compares)."""
     for entry in manifest["files"]:
         path, *numbers = entry
         if not (type(path) is str and path and "\0" not in path and len(numbers) == 4
@@ -983,6 +984,12 @@ def _check_cache_manifest(manifest: dict) -> None:
                 and -2 ** 63 <= numbers[1] < 2 ** 63 and 0 <= min(numbers[2:])
                 and max(numbers[2:]) < 2 ** 64):
             raise Mismatch(f"the manifest parser accepted a file identity {entry!r:.120}")
+    for entry in manifest["remote"]:  # [url, etag, last_modified, size]: what a check compares
+        url, etag, modified, size = entry
+        if not (type(url) is str and "://" in url and "\0" not in url
+                and all(x is None or type(x) is str for x in (etag, modified))
+                and (size is None or (type(size) is int and 0 <= size < 2 ** 63))):
+            raise Mismatch(f"the manifest parser accepted a remote identity {entry!r:.120}")
 
 
 def run_cache_file(ck: ModuleType, data: bytes) -> None:

@@ -56,7 +56,13 @@ def _urls(server) -> list:
 
 
 def _gets(server) -> int:
-    return len(server.requests)
+    """Reads of the objects; a directory cache's checks (one-byte ``Range: bytes=0-0``
+    requests for the ETag, :mod:`streamio.pipeline.cache_sources`) are counted by ``_checks``."""
+    return len(server.requests) - _checks(server)
+
+
+def _checks(server) -> int:
+    return sum(1 for _, headers in server.requests if headers.get("Range") == "bytes=0-0")
 
 
 # The chains under test: a cache of records (decoded after it) and a cache of decoded batches;
@@ -684,6 +690,22 @@ def test_a_malformed_file_identity_is_a_corrupt_record_error(tmp_path, files):
     with pytest.raises(CorruptRecordError, match="cache manifest: local files") as info:
         list(ds)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("remote", [
+    None, {}, [["http://h/x", None, None]], [["no-scheme", None, None, 1]],
+    [["http://h/\0", None, None, 1]], [["http://h/x", 7, None, 1]],
+    [["http://h/x", None, None, -1]], [["http://h/x", None, None, True]],
+    [["http://h/x", "e" * 2000, None, 1]], ["http://h/x"]])
+def test_a_malformed_remote_identity_is_a_corrupt_record_error(tmp_path, remote):
+    source = tmp_path / "train.tfrecord"
+    _write_ids(source, OLD)
+    ds = Dataset(str(source), "tfrecord").cache(str(tmp_path / "cache"))
+    assert len(list(ds)) == len(OLD)
+    (path,) = (tmp_path / "cache").iterdir()
+    _rewrite_manifest(path, lambda m: m.update(remote=remote))
+    with pytest.raises(CorruptRecordError, match="cache manifest: remote objects"):
+        list(ds)
 
 
 def test_the_manifest_records_local_files_and_a_faithful_rewrite_is_served(tmp_path):

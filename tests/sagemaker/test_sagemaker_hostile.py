@@ -46,7 +46,8 @@ def test_symlink_loops_list_each_file_once_in_bounded_time(tmp_path):
     os.symlink("part-0.tfrecord", folder / "again.tfrecord")  # the same file twice
     # In a child process: the old walk never ends and its memory grows.
     code = ("import sys; from streamio import sagemaker;"
-            f"ds = sagemaker.channel('train', root={str(tmp_path)!r}, decoder=None);"
+            f"ds = sagemaker.channel('train', root={str(tmp_path)!r}, decoder=None,"
+            " follow_links=True);"
             "print(repr([str(s) for s in ds.sources])); print(repr(list(ds)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
@@ -57,6 +58,38 @@ def test_symlink_loops_list_each_file_once_in_bounded_time(tmp_path):
     assert sources == ["again.tfrecord", "part-1.tfrecord", "part-2.tfrecord",
                        os.path.join("sub", "z.tfrecord")]
     assert sorted(eval(records_line)) == sorted(expected + [b"deep"])
+
+
+def test_a_link_below_the_channel_folder_is_refused_unless_followed(tmp_path):
+    """SageMaker puts objects, never links, in a File-mode channel: a link there was planted.
+    It is refused by name (the old walk followed it: /etc/passwd would be read as records);
+    the channel folder itself may be a link (set-ups that point it at another disk)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    streamio.write_records(str(outside / "secret.tfrecord"), "tfrecord", [b"secret"])
+    for planted in ("file", "folder"):
+        root = tmp_path / planted
+        folder = _file_channel(root)
+        expected = _write_shards(folder)
+        if planted == "file":
+            os.symlink(outside / "secret.tfrecord", folder / "zz.tfrecord")
+        else:
+            (folder / "deep").mkdir()
+            os.symlink(outside, folder / "deep" / "more")
+        link = "zz.tfrecord" if planted == "file" else os.path.join("deep", "more")
+        with pytest.raises(streamio.UsageError, match=f"{link} is a symbolic link.*follow_links"):
+            sagemaker.channel("train", root=str(root), decoder=None)
+        ds = sagemaker.channel("train", root=str(root), decoder=None, follow_links=True)
+        assert sorted(ds) == sorted(expected + [b"secret"])
+    # The channel folder as a link to the data on another disk: read as named.
+    root = tmp_path / "linked"
+    folder = _file_channel(root)
+    folder.rmdir()
+    real = tmp_path / "real-data"
+    real.mkdir()
+    expected = _write_shards(real)
+    os.symlink(real, folder)
+    assert sorted(sagemaker.channel("train", root=str(root), decoder=None)) == sorted(expected)
 
 
 @pytest.mark.parametrize("tool", ["index", "pack"])
@@ -135,3 +168,23 @@ def test_augmented_manifest_without_a_decoder_yields_attribute_dicts(tmp_path):
 
     [items] = _pipe_epochs(root, args, 1, read)
     assert items == [{"source-ref": images[i], "class": str(i % 3).encode()} for i in range(3)]
+
+
+def test_the_emulator_refuses_a_link_inside_a_folder_it_copies(tmp_path):
+    """``sagemaker-local`` copies a channel's folder into the fake container: a link in it
+    (here to a file outside the folder) is refused, naming it; the old copy followed it."""
+    from streamio.sagemaker.emulator import Emulator, LocalChannel
+
+    data = tmp_path / "data"
+    data.mkdir()
+    expected = _write_shards(data)
+    (tmp_path / "outside.tfrecord").write_bytes(b"not the channel's")
+    os.symlink(tmp_path / "outside.tfrecord", data / "zz.tfrecord")
+    emulator = Emulator(str(tmp_path / "ml"), [LocalChannel("train", [str(data)],
+                                                            "application/x-tfrecord")])
+    with pytest.raises(streamio.UsageError, match=r"zz\.tfrecord is a symbolic link"):
+        emulator.prepare()
+    os.unlink(data / "zz.tfrecord")
+    emulator.prepare()
+    assert sorted(sagemaker.channel("train", root=str(tmp_path / "ml"), decoder=None)) == \
+        sorted(expected)

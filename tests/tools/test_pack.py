@@ -120,16 +120,18 @@ def test_shuffled_pack_is_reproducible_and_complete(tmp_path):
 def test_unreadable_files_are_reported_never_dropped_silently(tmp_path):
     files = _image_tree(tmp_path / "tree", per_class=5)
     # Root reads any file, so make one that fails for real: a read of /proc/self/mem at 0.
+    # (Links are refused unless followed: test_pack_hostile.py; here they are followed.)
     os.symlink("/proc/self/mem", tmp_path / "tree" / "cat" / "broken.jpg")
     with pytest.raises(PackError, match="cannot read.*broken.jpg") as info:  # at read time
-        streamio.pack(str(tmp_path / "tree"), str(tmp_path / "a" / "s"))
+        streamio.pack(str(tmp_path / "tree"), str(tmp_path / "a" / "s"), follow_links=True)
     assert info.value.path.endswith("broken.jpg")
     # The shard being written was removed (the hidden plan record stays: it names no shard).
     assert os.listdir(tmp_path / "a") == [".s.streamio-pack.json"]
     os.symlink(tmp_path / "missing.png", tmp_path / "tree" / "dog" / "dangling.png")
     with pytest.raises(PackError, match="dangling.png"):  # found while planning
-        streamio.pack(str(tmp_path / "tree"), str(tmp_path / "a" / "s"))
-    result = streamio.pack(str(tmp_path / "tree"), str(tmp_path / "b" / "s"), on_error="skip")
+        streamio.pack(str(tmp_path / "tree"), str(tmp_path / "a" / "s"), follow_links=True)
+    result = streamio.pack(str(tmp_path / "tree"), str(tmp_path / "b" / "s"), on_error="skip",
+                           follow_links=True)
     assert sorted(os.path.basename(p) for p, _ in result.skipped) == ["broken.jpg",
                                                                       "dangling.png"]
     assert _read_examples(str(tmp_path / "b" / "s-*.tfrecord")) == files
