@@ -19,8 +19,9 @@ warns "Your input ran out of data" at the end of the first epoch. A stream's len
 before it has been read, so pass ``to_tf(batches=n)`` when you know how many batches an epoch
 holds (``ceil(records / batch_size)``; per input pipeline under ``input_context``): the
 ``tf.data.Dataset`` then has that cardinality, Keras ends each epoch after ``n`` steps without
-the warning, and an epoch of any other length fails (``tf.data.experimental.assert_cardinality``)
-instead of training on a silently different amount of data.
+the warning, and an epoch of any other length fails instead of training on a silently different
+amount of data: ``model.fit`` raises. A longer epoch fails in place of its ``n``-th batch (which
+waits until the stream shows whether an ``n + 1``-th follows), since Keras never asks past ``n``.
 
 ``Dataset.stats()`` of the Dataset given to ``to_tf()`` describes the latest epoch read through
 the tf.data Dataset (or by iterating the Dataset itself, whichever started later).
@@ -255,7 +256,9 @@ class _EpochSource:
 
     def _batches(self) -> Iterator[Any]:
         """The epoch's batches; with ``to_tf(batches=n)`` an epoch of another length fails here,
-        naming ``batches=``, before TensorFlow's cardinality check sees it."""
+        naming ``batches=``, before TensorFlow's cardinality check sees it: a shorter one at
+        its end, a longer one in place of its ``n``-th batch (read only once the stream shows
+        whether an ``n + 1``-th follows), so that a consumer taking exactly ``n`` fails too."""
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
@@ -264,13 +267,20 @@ class _EpochSource:
         else:
             batches = self._start()
         expected = self.batches if self._counted else None
+        if expected is None:
+            yield from batches
+            return
+        batches = iter(batches)
         n = 0
         for batch in batches:
             n += 1
-            if expected is not None and n > expected:
+            if n == expected and next(batches, None) is not None:
+                # Look one batch ahead before handing out the last one declared: Keras (and
+                # anything else that trusts the cardinality) never asks past it, so a longer
+                # epoch must fail here, while it is still being read, or not at all.
                 raise UsageError(_wrong_length(expected, f"more than {expected}"))
             yield batch
-        if expected is not None and n != expected:
+        if n != expected:
             raise UsageError(_wrong_length(expected, str(n)))
 
     def __call__(self) -> Iterator[Any]:
