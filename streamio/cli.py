@@ -257,6 +257,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    _log_to_stderr()
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
@@ -275,6 +276,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+
+
+def _log_to_stderr() -> None:
+    """The library's log lines (a long wait on a source says what it waits for) on stderr, as
+    ``streamio: ...``, unless the logger has handlers already (a caller's main())."""
+    import logging
+
+    logger = logging.getLogger("streamio")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("streamio: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
