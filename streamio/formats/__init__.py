@@ -23,6 +23,13 @@ FramerFactory = Callable[..., Any]
 FORMATS: dict[str, tuple[FramerFactory, frozenset]] = {}
 
 
+#: File name suffixes that name a format (after any compression suffix), for the command-line
+#: tools, which may guess the format from a name; the library's readers take it as given.
+SUFFIX_FORMATS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrec": "tfrecord",
+                  ".rec": "recordio", ".recordio": "recordio", ".csv": "csv", ".txt": "lines",
+                  ".jsonl": "lines", ".ndjson": "lines"}
+
+
 def register_format(name: str, factory: FramerFactory, options: frozenset = frozenset()) -> None:
     """Make ``format=name`` available to the readers; ``options`` lists accepted extra keywords."""
     FORMATS[name] = (factory, frozenset(options))
@@ -106,7 +113,7 @@ def make_framer(format: str, *, source: str, verify: bool = True, on_error: str 
 
 
 __all__ = [
-    "DEFAULT_MAX_RECORD_SIZE", "FORMATS", "ON_ERROR_CHOICES", "RecordIOFramer", "TFRecordFramer",
-    "TextRowFramer", "check_common", "encode_recordio", "encode_tfrecord", "make_framer", "masked_crc32c",
+    "DEFAULT_MAX_RECORD_SIZE", "FORMATS", "ON_ERROR_CHOICES", "RecordIOFramer", "SUFFIX_FORMATS",
+    "TFRecordFramer", "TextRowFramer", "check_common", "encode_recordio", "encode_tfrecord", "make_framer", "masked_crc32c",
     "register_format",
 ]
