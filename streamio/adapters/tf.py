@@ -44,7 +44,9 @@ One iteration at a time on the block path: a new iteration (the next epoch) clos
 ``break`` or a shorter Keras epoch left open (its sources and threads; TensorFlow does not tell a
 ``numpy_function`` that an iterator was dropped), and an older iterator still being read then
 fails with a :class:`~streamio.errors.UsageError` rather than share an epoch. Call ``to_tf()``
-once per concurrent reader.
+once per concurrent reader. No wait here is unbounded: a block call that finds another still
+reading its iteration waits ``BLOCK_CALL_WAIT_S`` at most, then fails saying so; a wait on a
+source is the source's (bounded by its timeouts, and logged while it lasts).
 
 Errors raised while reading reach the user as TensorFlow errors (``numpy_function`` and
 ``from_generator`` wrap them) whose message carries streamio's message.
@@ -80,6 +82,10 @@ BLOCK_PREFETCH = 1
 #: The most bytes one stacked block may hold (large rows get fewer batches per call): the block
 #: is an extra copy, alive until TensorFlow has split it.
 BLOCK_BYTES = 16 << 20
+#: How long a block call waits for another call still reading the same iteration. TensorFlow
+#: calls one iterator's ``scan`` steps one at a time, so such a wait means the other call is
+#: stuck: it then fails (naming what it waited for) instead of waiting with it forever.
+BLOCK_CALL_WAIT_S = 60.0
 
 
 def _tf_dtype(dtype: np.dtype) -> Any:
@@ -325,7 +331,11 @@ class _EpochSource:
         if entry is None:
             raise UsageError(_OVERTAKEN)
         blocks, busy = entry
-        with busy:
+        if not busy.acquire(timeout=BLOCK_CALL_WAIT_S):
+            raise UsageError(f"to_tf(): waited {BLOCK_CALL_WAIT_S:g} s for another call still"
+                             f" reading iteration {token}'s block (its source may be stalled;"
+                             " each wait on a source is logged to the 'streamio' logger)")
+        try:
             try:
                 block = next(blocks)
             except BaseException as exc:
@@ -340,6 +350,8 @@ class _EpochSource:
             if self._open.get(token) is not entry:  # overtaken while reading this block
                 blocks.close()
                 raise UsageError(_OVERTAKEN)
+        finally:
+            busy.release()
         return [np.int64(token)] + [block[name] for name in self.spec]
 
     def block_dataset(self, signature: dict) -> Any:

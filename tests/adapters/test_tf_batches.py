@@ -75,3 +75,31 @@ def test_keras_fit_of_the_right_length_trains_every_batch(path):
     callback = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: steps.append(b))
     model.fit(tfds, epochs=2, verbose=0, callbacks=[callback])
     assert steps == list(range(12)) * 2
+
+
+def test_a_block_call_waiting_on_a_stuck_one_fails_naming_the_wait(tmp_path, fifo, monkeypatch):
+    """TensorFlow calls one iterator's block function one call at a time, so a second call
+    waiting for the first means the first is stuck: it fails after BLOCK_CALL_WAIT_S (naming
+    what it waited for) instead of waiting with it, unbounded."""
+    import threading
+    import time
+
+    from streamio.adapters import tf as tf_adapter
+
+    monkeypatch.setattr(tf_adapter, "BLOCK_CALL_WAIT_S", 1.0, raising=False)
+    records = [streamio.encode_example({"x": np.float32([i, i]), "y": np.int64(i)})
+               for i in range(200)]
+    data = b"".join(streamio.formats.encode_tfrecord(r) for r in records)
+    path = fifo.make(data, 4093, stall_after=len(data) // 2, stall=15)  # then silent for 15 s
+    ds = Dataset(path, "tfrecord", decoder=DECODER, open_timeout=60).batch(4)
+    _, source = tf_adapter._to_tf(ds)
+    token = source.next_block(np.int64(-1))[0]  # the first block: 16 batches
+    stuck = threading.Thread(target=source.next_block, args=(token,), daemon=True)
+    stuck.start()  # the second block waits for the writer's stall
+    time.sleep(0.5)
+    started = time.monotonic()
+    with pytest.raises(streamio.errors.UsageError, match=r"waited 1 s for another call still"
+                                                         r" reading iteration \d+'s block"):
+        source.next_block(token)
+    assert time.monotonic() - started < 5  # not the 15 s the stuck call waits
+    stuck.join(60)
