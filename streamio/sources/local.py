@@ -110,7 +110,6 @@ class _PolledReads(ByteSource):
             self._first = False
             return n
 
-
     def _waiting(self, waited: float, timeout: Optional[float]) -> str:
         if self._first:
             what = ("its first data: no writer has opened it yet (or none has written)"
