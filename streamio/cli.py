@@ -8,13 +8,16 @@ warnings (``--on-error warn``) print one line each, without a file name. Subcomm
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
 import warnings
 from typing import Any, Iterator, Optional, Sequence, TextIO
 
-from .errors import StreamioError, StreamioWarning
+from .codecs import infer_compression
+from .errors import PackError, StreamioError, StreamioWarning, UsageError
+from .formats import SUFFIX_FORMATS
 from .reader import ReaderStats, RecordReader, expand_sources
 
 FORMAT_CHOICES = ("tfrecord", "recordio", "csv", "lines")
@@ -72,11 +75,34 @@ def _reader_options(args) -> dict:
     return options
 
 
+def format_from_names(sources: Sequence[Any]) -> str:
+    """The format the sources' names say (``x.tfrecord``, ``x.rec.gz``: see
+    ``formats.SUFFIX_FORMATS``), for a command given no ``--format``; a name that says none (a
+    FIFO called ``pipe``, stdin) or names that disagree are a :class:`UsageError`."""
+    found = {}
+    for source in sources:
+        name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else str(source)
+        base = name.split("?", 1)[0]
+        if infer_compression(base):
+            base = os.path.splitext(base)[0]
+        fmt = SUFFIX_FORMATS.get(os.path.splitext(base)[1].lower())
+        if fmt is None:
+            raise UsageError(f"cannot tell the format of {name} from its name: pass --format"
+                             f" ({', '.join(FORMAT_CHOICES)})")
+        found.setdefault(fmt, name)
+    if len(found) > 1:
+        named = ", ".join(f"{name} ({fmt})" for fmt, name in found.items())
+        raise UsageError(f"the sources' names say different formats ({named}): pass --format")
+    return next(iter(found))
+
+
 def _readers(args) -> Iterator[RecordReader]:
     """One reader per source named on the command line (globs and directories expanded). All
     are built (their arguments checked) before the first is read; each opens its source only
-    when it is read, one at a time, in order."""
+    when it is read, one at a time, in order. Without ``--format`` the names say it."""
     sources = expand_sources(list(args.sources))
+    if args.format is None:
+        args.format = format_from_names(sources)
     options = _reader_options(args)
     readers = [RecordReader(source, args.format, **options) for source in sources]
     yield from readers
@@ -181,7 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("sources", nargs="+", metavar="SOURCE",
                        help="path, glob, directory, FIFO, '-' (stdin) or URL; several are read in"
                             " order")
-        p.add_argument("--format", "-f", required=True, choices=FORMAT_CHOICES)
+        p.add_argument("--format", "-f", choices=FORMAT_CHOICES,
+                       help="default: from the names (.tfrecord, .rec, .csv, .txt, .jsonl;"
+                            " after .gz/.zst)")
         p.add_argument("--compression", "-c", default="infer", choices=COMPRESSION_CHOICES)
         p.add_argument("--on-error", default="raise", choices=("raise", "skip", "warn"))
         p.add_argument("--no-verify", action="store_true", help="skip TFRecord CRC checks")
@@ -198,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("head", help="show the first records (length and a preview: Examples"
                                     " decoded, text rows as text)")
     reading(p)
-    p.add_argument("-n", type=_non_negative, default=10, help="how many records (default 10)")
+    p.add_argument("-n", "--n", type=_non_negative, default=10,
+                   help="how many records (default 10)")
     p.add_argument("--width", type=_positive, default=100,
                    help="preview characters per record (default 100)")
     p.set_defaults(func=cmd_head)
@@ -236,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_diagnose(sub)
     add_index(sub)
     parser.description = f"The streamio command: {', '.join(sub.choices)}."
+    for command in sub.choices.values():  # a mistake in a command's options shows its usage
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -256,13 +287,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame the top-level command, and show its usage
+        getattr(args, "command_parser", parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
+    _log_to_stderr()
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return args.func(args)
     except StreamioError as exc:
-        print(f"streamio: {type(exc).__name__}: {command_line_hint(str(exc))}", file=sys.stderr)
+        print(f"streamio: {type(exc).__name__}: {command_line_hint(str(exc))}"
+              f"{_skip_hint(args, exc)}", file=sys.stderr)
         return 1
     except (FileNotFoundError, FileExistsError, TimeoutError) as exc:
         print(f"streamio: {exc}", file=sys.stderr)
@@ -275,6 +312,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+
+
+def _skip_hint(args: Any, exc: StreamioError) -> str:
+    """How to go on past a bad file, where the command can (``pack --on-error skip``)."""
+    if (isinstance(exc, PackError) and exc.path is not None
+            and getattr(args, "on_error", None) == "raise"):
+        return " (pass --on-error skip to skip such files; they are listed on stderr)"
+    return ""
+
+
+def _log_to_stderr() -> None:
+    """The library's log lines (a long wait on a source says what it waits for) on stderr, as
+    ``streamio: ...``, unless the logger has handlers already (a caller's main())."""
+    import logging
+
+    logger = logging.getLogger("streamio")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("streamio: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,

@@ -19,8 +19,9 @@ warns "Your input ran out of data" at the end of the first epoch. A stream's len
 before it has been read, so pass ``to_tf(batches=n)`` when you know how many batches an epoch
 holds (``ceil(records / batch_size)``; per input pipeline under ``input_context``): the
 ``tf.data.Dataset`` then has that cardinality, Keras ends each epoch after ``n`` steps without
-the warning, and an epoch of any other length fails (``tf.data.experimental.assert_cardinality``)
-instead of training on a silently different amount of data.
+the warning, and an epoch of any other length fails instead of training on a silently different
+amount of data: ``model.fit`` raises. A longer epoch fails in place of its ``n``-th batch (which
+waits until the stream shows whether an ``n + 1``-th follows), since Keras never asks past ``n``.
 
 ``Dataset.stats()`` of the Dataset given to ``to_tf()`` describes the latest epoch read through
 the tf.data Dataset (or by iterating the Dataset itself, whichever started later).
@@ -43,7 +44,9 @@ One iteration at a time on the block path: a new iteration (the next epoch) clos
 ``break`` or a shorter Keras epoch left open (its sources and threads; TensorFlow does not tell a
 ``numpy_function`` that an iterator was dropped), and an older iterator still being read then
 fails with a :class:`~streamio.errors.UsageError` rather than share an epoch. Call ``to_tf()``
-once per concurrent reader.
+once per concurrent reader. No wait here is unbounded: a block call that finds another still
+reading its iteration waits ``BLOCK_CALL_WAIT_S`` at most, then fails saying so; a wait on a
+source is the source's (bounded by its timeouts, and logged while it lasts).
 
 Errors raised while reading reach the user as TensorFlow errors (``numpy_function`` and
 ``from_generator`` wrap them) whose message carries streamio's message.
@@ -79,6 +82,10 @@ BLOCK_PREFETCH = 1
 #: The most bytes one stacked block may hold (large rows get fewer batches per call): the block
 #: is an extra copy, alive until TensorFlow has split it.
 BLOCK_BYTES = 16 << 20
+#: How long a block call waits for another call still reading the same iteration. TensorFlow
+#: calls one iterator's ``scan`` steps one at a time, so such a wait means the other call is
+#: stuck: it then fails (naming what it waited for) instead of waiting with it forever.
+BLOCK_CALL_WAIT_S = 60.0
 
 
 def _tf_dtype(dtype: np.dtype) -> Any:
@@ -255,7 +262,9 @@ class _EpochSource:
 
     def _batches(self) -> Iterator[Any]:
         """The epoch's batches; with ``to_tf(batches=n)`` an epoch of another length fails here,
-        naming ``batches=``, before TensorFlow's cardinality check sees it."""
+        naming ``batches=``, before TensorFlow's cardinality check sees it: a shorter one at
+        its end, a longer one in place of its ``n``-th batch (read only once the stream shows
+        whether an ``n + 1``-th follows), so that a consumer taking exactly ``n`` fails too."""
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is not None:
@@ -264,13 +273,20 @@ class _EpochSource:
         else:
             batches = self._start()
         expected = self.batches if self._counted else None
+        if expected is None:
+            yield from batches
+            return
+        batches = iter(batches)
         n = 0
         for batch in batches:
             n += 1
-            if expected is not None and n > expected:
+            if n == expected and next(batches, None) is not None:
+                # Look one batch ahead before handing out the last one declared: Keras (and
+                # anything else that trusts the cardinality) never asks past it, so a longer
+                # epoch must fail here, while it is still being read, or not at all.
                 raise UsageError(_wrong_length(expected, f"more than {expected}"))
             yield batch
-        if expected is not None and n != expected:
+        if n != expected:
             raise UsageError(_wrong_length(expected, str(n)))
 
     def __call__(self) -> Iterator[Any]:
@@ -315,7 +331,11 @@ class _EpochSource:
         if entry is None:
             raise UsageError(_OVERTAKEN)
         blocks, busy = entry
-        with busy:
+        if not busy.acquire(timeout=BLOCK_CALL_WAIT_S):
+            raise UsageError(f"to_tf(): waited {BLOCK_CALL_WAIT_S:g} s for another call still"
+                             f" reading iteration {token}'s block (its source may be stalled;"
+                             " each wait on a source is logged to the 'streamio' logger)")
+        try:
             try:
                 block = next(blocks)
             except BaseException as exc:
@@ -330,6 +350,8 @@ class _EpochSource:
             if self._open.get(token) is not entry:  # overtaken while reading this block
                 blocks.close()
                 raise UsageError(_OVERTAKEN)
+        finally:
+            busy.release()
         return [np.int64(token)] + [block[name] for name in self.spec]
 
     def block_dataset(self, signature: dict) -> Any:

@@ -33,6 +33,12 @@ DEFAULT_PAD_VALUE = 0
 def _dtype_name(dtype: Any) -> str:
     if dtype is bytes or dtype == "string":  # tf.string users write "string"
         return "bytes"
+    if dtype is float or dtype == "float":
+        # numpy reads these as float64, TensorFlow (tf.as_dtype, tf.float) as float32: a guess
+        # would silently double the size of (or narrow) every value for one camp of users.
+        raise UsageError(f"dtype {dtype!r} is ambiguous (numpy reads it as float64, TensorFlow"
+                         " as float32): write 'float32' (what an Example's float_list holds)"
+                         " or 'float64' (to cast)")
     if isinstance(dtype, str) and dtype in _DTYPES:
         return dtype
     try:
@@ -49,6 +55,7 @@ class FixedLen:
 
     ``dtype``: ``"float32"`` / ``"int64"`` / ``"bytes"`` (the three Example value lists), or
     ``"float64"`` / ``"int32"`` to cast (int32 values out of range are an error, not a wrap).
+    ``"float"`` (and ``float``) is refused: numpy reads it as float64, TensorFlow as float32.
     ``bytes`` gives an object array of ``bytes``. ``default`` (a scalar, broadcast, or an array of
     ``shape``) fills examples that lack the feature; without one a missing feature is a
     :class:`~streamio.errors.DecodeError` naming the record.

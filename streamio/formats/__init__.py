@@ -6,6 +6,7 @@ one module plus one :func:`register_format` line.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Callable
 
 from ._base import DEFAULT_MAX_RECORD_SIZE, ON_ERROR_CHOICES, check_common
@@ -20,6 +21,13 @@ FramerFactory = Callable[..., Any]
 
 #: name -> (factory, names of the format options it accepts beyond the common ones)
 FORMATS: dict[str, tuple[FramerFactory, frozenset]] = {}
+
+
+#: File name suffixes that name a format (after any compression suffix), for the command-line
+#: tools, which may guess the format from a name; the library's readers take it as given.
+SUFFIX_FORMATS = {".tfrecord": "tfrecord", ".tfrecords": "tfrecord", ".tfrec": "tfrecord",
+                  ".rec": "recordio", ".recordio": "recordio", ".csv": "csv", ".txt": "lines",
+                  ".jsonl": "lines", ".ndjson": "lines"}
 
 
 def register_format(name: str, factory: FramerFactory, options: frozenset = frozenset()) -> None:
@@ -76,6 +84,15 @@ register_format("sagemaker-manifest", _manifest, frozenset({"attributes"}))
 register_format("object", _object)
 
 
+def _did_you_mean(name: Any) -> str:
+    """``" (did you mean 'tfrecord'?)"`` for a near miss (``'tfrecords'``, ``'TFRecord'``)."""
+    if not isinstance(name, str):
+        return ""
+    lowered = {known.lower(): known for known in FORMATS}
+    close = difflib.get_close_matches(name.lower(), sorted(lowered), n=1, cutoff=0.6)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
+
+
 def make_framer(format: str, *, source: str, verify: bool = True, on_error: str = "raise",
                 max_record_size: int = DEFAULT_MAX_RECORD_SIZE, multipart: str = "dmlc",
                 **format_options):
@@ -83,7 +100,8 @@ def make_framer(format: str, *, source: str, verify: bool = True, on_error: str 
     try:
         factory, accepted = FORMATS[format]
     except (KeyError, TypeError):
-        raise UsageError(f"unknown format {format!r}; known formats: {sorted(FORMATS)}") from None
+        raise UsageError(f"unknown format {format!r}{_did_you_mean(format)}; known formats:"
+                         f" {sorted(FORMATS)}") from None
     unknown = set(format_options) - accepted
     if unknown:
         raise UsageTypeError(f"format {format!r} takes no option(s) {sorted(unknown)}"
@@ -95,7 +113,7 @@ def make_framer(format: str, *, source: str, verify: bool = True, on_error: str 
 
 
 __all__ = [
-    "DEFAULT_MAX_RECORD_SIZE", "FORMATS", "ON_ERROR_CHOICES", "RecordIOFramer", "TFRecordFramer",
-    "TextRowFramer", "check_common", "encode_recordio", "encode_tfrecord", "make_framer", "masked_crc32c",
+    "DEFAULT_MAX_RECORD_SIZE", "FORMATS", "ON_ERROR_CHOICES", "RecordIOFramer", "SUFFIX_FORMATS",
+    "TFRecordFramer", "TextRowFramer", "check_common", "encode_recordio", "encode_tfrecord", "make_framer", "masked_crc32c",
     "register_format",
 ]

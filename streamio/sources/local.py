@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..errors import SourceError
 from ..errors import UsageTypeError
-from .base import ByteSource
+from .base import ByteSource, WaitLog, timeout_words
 
 try:
     import fcntl
@@ -89,14 +89,18 @@ class _PolledReads(ByteSource):
         deadline = None
         if timeout is not None and math.isfinite(timeout):
             deadline = time.monotonic() + timeout
+        log = WaitLog(lambda waited: self._waiting(waited, timeout))
         while True:
-            wait_ms = None if deadline is None else max(0, math.ceil((deadline - time.monotonic())
-                                                                     * 1000))
+            until = log.due if deadline is None else min(deadline, log.due)
+            wait_ms = max(0, math.ceil((until - time.monotonic()) * 1000))
             ready = self._poll.poll(wait_ms)  # PEP 475: EINTR is retried with the time left
-            if not ready:
+            if not ready and deadline is not None and time.monotonic() >= deadline:
                 what = ("no writer connected and sent data" if self._first
                         else "the writer went silent")
                 raise SourceError(f"{what} for {timeout:g} s (timeout)", source=self.name)
+            if not ready:
+                log.tick()
+                continue
             try:
                 n = os.readv(self._fd, [buf])
             except BlockingIOError:
@@ -105,6 +109,16 @@ class _PolledReads(ByteSource):
                 raise SourceError(f"read failed: {exc.strerror}", source=self.name) from exc
             self._first = False
             return n
+
+    def _waiting(self, waited: float, timeout: Optional[float]) -> str:
+        if self._first:
+            what = ("its first data: no writer has opened it yet (or none has written)"
+                    if self.name != "<stdin>" else "its first data: nothing has been written")
+            ends = timeout_words("open_timeout", timeout)
+        else:
+            what = "more data: the writer has sent nothing since its last data"
+            ends = timeout_words("read_timeout", timeout)
+        return f"{self.name}: waiting for {what}, for {waited:.0f} s so far; {ends}"
 
 
 class FileSource(_PolledReads):
@@ -220,16 +234,18 @@ def stdin_source(*, open_timeout: Optional[float] = None,
                  read_timeout: Optional[float] = None) -> ByteSource:
     """stdin as raw bytes, read in large unbuffered pieces.
 
-    With a timeout, and stdin a pipe, FIFO, socket or terminal (something that can keep us
-    waiting), reads are polled (:class:`PolledStdin`); a regular file never waits.
+    When stdin is a pipe, FIFO, socket or terminal (something that can keep us waiting), reads
+    are polled (:class:`PolledStdin`): bounded by the timeouts, and a long wait is logged even
+    without them; a regular file never waits.
     """
-    if open_timeout is not None or read_timeout is not None:
-        try:
-            mode = os.fstat(sys.stdin.fileno()).st_mode
-        except (OSError, ValueError) as exc:
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError) as exc:
+        if open_timeout is not None or read_timeout is not None:
             raise SourceError(f"cannot use stdin: {exc}", source="<stdin>") from exc
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
-            return PolledStdin(open_timeout=open_timeout, read_timeout=read_timeout)
+        mode = 0  # as before: the open below says what is wrong with it
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode):
+        return PolledStdin(open_timeout=open_timeout, read_timeout=read_timeout)
     raw = open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
     return StreamSource(raw, name="<stdin>", owned=True)
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 from ..errors import SourceError
 from ..errors import UsageError
-from .base import check_timeout
+from .base import WaitLog, check_timeout, timeout_words
 from .local import FileSource
 
 #: How long to wait for the next epoch's FIFO to appear and its first bytes to arrive. SageMaker
@@ -75,7 +75,13 @@ class PipeChannel:
         deadline = None
         if open_timeout is not None and math.isfinite(open_timeout):
             deadline = time.monotonic() + open_timeout
+        epoch = self.epoch
+        log = WaitLog(lambda waited: (
+            f"{path}: waiting for the FIFO of epoch {epoch} to appear (the Pipe mode writer has"
+            f" not created it yet), for {waited:.0f} s so far;"
+            f" {timeout_words('open_timeout', open_timeout)}"))
         while not os.path.exists(path):
+            log.tick()
             if deadline is not None and time.monotonic() >= deadline:
                 raise SourceError(
                     f"the FIFO of epoch {self.epoch} did not appear within {open_timeout:g} s:"

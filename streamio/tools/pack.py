@@ -33,6 +33,7 @@ import glob
 import json
 import os
 import random
+import re
 import stat
 import struct
 import sys
@@ -525,14 +526,15 @@ def _write_index(shard: str, offsets: list, format: str) -> None:
 
 
 def _size(text: str) -> int:
-    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-             "G": 1 << 30, "GB": 1 << 30}
-    number = text.rstrip("KMGBkmgb")
-    unit = text[len(number):].upper()
-    try:
-        value = float(number) * units[unit]
-    except (ValueError, KeyError):
-        raise UsageError(f"not a size: {text!r} (e.g. 64MB)") from None
+    """``--shard-size``: bytes, or a number with K, M, G, T (binary: ``64MB`` is 64 MiB), also
+    written KB/KiB/Ki, MB/MiB..., any case (``1GiB``, ``512k``, ``1.5 GB``)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGT])(?:I?B|I)?|B)?\s*", text,
+                         re.IGNORECASE)
+    if match is None:
+        raise UsageError(f"not a size: {text!r} (e.g. 64MB, 1GiB, 500000)")
+    unit = (match.group(2) or "").upper()
+    value = float(match.group(1)) * (1 << (10 * " KMGT".index(unit))) if unit else float(
+        match.group(1))
     if value < 1:
         raise UsageError(f"shard size must be positive, not {text!r}")
     return int(value)

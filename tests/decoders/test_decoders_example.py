@@ -617,3 +617,16 @@ def test_absent_feature_list_agrees_with_tf_parse_sequence_example():
                             timeout=300, cwd=str(ROOT))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["both", "refuse", "both", "read"]
+
+
+@pytest.mark.parametrize("dtype", ["float", float])
+@pytest.mark.parametrize("feature", [lambda d: FixedLen([2], d), lambda d: VarLen(d)])
+def test_the_ambiguous_float_is_refused(feature, dtype):
+    # numpy reads "float" as float64, TensorFlow as float32: a guess silently doubled (or would
+    # narrow) every value for one camp of users.
+    from streamio.errors import UsageError
+
+    with pytest.raises(UsageError, match="ambiguous.*float64.*float32.*write 'float32'"):
+        feature(dtype)
+    assert FixedLen([2], "float32").dtype == "float32"
+    assert FixedLen([2], "double").dtype == "float64"  # unambiguous: float64 in both

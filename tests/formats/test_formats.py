@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import streamio
 from streamio.errors import (CorruptRecordError, FormatError, RecordTooLargeError, StreamioWarning,
-                             TruncatedStreamError)
+                             TruncatedStreamError, UsageError)
 from streamio.formats import encode_recordio, encode_tfrecord, make_framer
 from streamio.formats.recordio import MAGIC_BYTES
 
@@ -400,3 +400,15 @@ def test_a_registered_framer_needs_only_feed_and_finish(tmp_path, fifo):
             assert list(streamio.read_records(source, "null-separated")) == want
     finally:
         FORMATS.pop("null-separated", None)
+
+
+@pytest.mark.parametrize("name,meant", [("tfrecords", "tfrecord"), ("TFRecord", "tfrecord"),
+                                        ("RecordIO", "recordio"), ("text", None)])
+def test_a_misspelt_format_name_gets_a_suggestion(tmp_path, name, meant):
+    # As a misspelt keyword does; Dataset() names the format before any source is opened.
+    with pytest.raises(UsageError, match="unknown format") as info:
+        streamio.Dataset(str(tmp_path / "x.tfrecord"), name)
+    if meant is None:
+        assert "did you mean" not in str(info.value)
+    else:
+        assert f"did you mean {meant!r}?" in str(info.value)

@@ -188,6 +188,30 @@ def test_weights_are_relative_and_equal_by_default(ab):
     assert abs(len(_from(half, b"a")) - len(_from(half, b"b"))) < 400  # b (10000) ends first
 
 
+@pytest.mark.parametrize("weights,share", [([1e308, 1e308], 0.5), ([1.5e308, 0.5e308], 0.75)])
+def test_weights_near_the_float_maximum_are_relative_too(ab, weights, share):
+    # Their sum overflows: this raised a bare OverflowError from math.fsum.
+    a, b = ab
+    inputs = [streamio.Dataset(a, "lines"), streamio.Dataset(b, "lines")]
+    mixed = streamio.mix(inputs, weights, seed=1)
+    assert list(mixed) == list(streamio.mix(inputs, [share, 1 - share], seed=1))
+
+
+def test_a_weight_beyond_the_float_range_is_a_usage_error(ab):
+    inputs = [streamio.Dataset(path, "lines") for path in ab]
+    with pytest.raises(UsageError, match=r"weights\[0\] must be a finite number"):
+        streamio.mix(inputs, [10 ** 400, 1])
+
+
+def test_the_docstring_opens_with_what_the_default_stop_drops():
+    # help(streamio.mix) must say up front that the default ends the epoch at the first input
+    # that runs out (tf.data's sample_from_datasets goes on), and how to get every item.
+    opening = " ".join(streamio.mix.__doc__.split("\n\n")[0].split())
+    assert 'By default (``stop="first_exhausted"``) the epoch ends when the first input runs' \
+           ' out, and the rest of the others is NOT delivered' in opening
+    assert '``stop="all_exhausted"`` delivers every item of every input' in opening
+
+
 # -- stop modes -----------------------------------------------------------------------------------
 def test_first_exhausted_ends_where_the_first_input_runs_out(tmp_path):
     a = _lines(tmp_path / "a.lines", "a", 300)
