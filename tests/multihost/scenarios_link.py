@@ -1,0 +1,66 @@
+"""The link scenarios of the multi-host harness: streamio's rate over the storage host's shaped
+link beside curl's, and a host whose link goes down for 5 s mid-object."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import driver
+import streamio
+
+BIG = "big.tfrecord"
+#: 200 MB: records of 64 KiB, each starting with its index (big-endian u64).
+BIG_RECORDS = 3052
+RECORD = 64 * 1024
+DOWN_S = 5.0
+
+
+def write_big(directory: Path) -> str:
+    import os
+    block = os.urandom(RECORD - 8)
+    streamio.write_records(str(directory / BIG), "tfrecord",
+                           (i.to_bytes(8, "big") + block for i in range(BIG_RECORDS)))
+    return BIG
+
+
+def link_rate(h: driver.Harness) -> dict:
+    """Host 0 reads the object over HTTP and S3, with curl and with streamio, alternating."""
+    out = h.hosts[0].python(str(driver.HERE / "link_reader.py"), "rate", h.http(BIG), h.s3(BIG),
+                            str(h.rounds), timeout=600)
+    return {"rate": h.net.rate, "records": BIG_RECORDS, "runs": json.loads(out)}
+
+
+def _down_once(h: driver.Harness, host, read_timeout) -> dict:
+    argv = [sys.executable, str(driver.HERE / "link_reader.py"), "read", h.http(BIG)]
+    if read_timeout is not None:
+        argv.append(str(read_timeout))
+    proc = host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline().strip()
+    time.sleep(0.5)  # a few MB in: mid-object
+    host.set_link(False)
+    down_at = time.monotonic()
+    time.sleep(DOWN_S)
+    host.set_link(True)
+    try:
+        so, se = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        so, se = proc.communicate()
+    result = json.loads(so) if proc.returncode == 0 and so.strip() else {"stdout": so}
+    return dict(result, first=first, rc=proc.returncode, stderr=se[-2000:],
+                after_down_s=round(time.monotonic() - down_at, 1), read_timeout=read_timeout)
+
+
+def link_down(h: driver.Harness) -> dict:
+    """Host 1 streams the object over HTTP; its link goes down 0.5 s in, for 5 s: with the
+    default timeouts (TCP rides it out) and with read_timeout=2 (streamio reconnects)."""
+    host = h.hosts[1]
+    return {"records": BIG_RECORDS, "down_s": DOWN_S,
+            "runs": [_down_once(h, host, None), _down_once(h, host, 2.0)]}
+
+
+SCENARIOS = {"link_rate": link_rate, "link_down": link_down}

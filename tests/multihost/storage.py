@@ -1,0 +1,40 @@
+"""The storage host's servers: every file of DATADIR over HTTP (tests/hostile_http.py's server,
+Range + If-Range, listening on every address of the host) at ``/<name>`` and over S3 (moto's
+server) as ``s3://data/<name>``; prints ``ready`` once both answer, then serves until killed.
+
+usage: storage.py DATADIR HTTP_PORT S3_PORT
+"""
+
+import os
+import sys
+import threading
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from hostile_http import HostileHTTPServer  # noqa: E402
+
+BUCKET = "data"
+
+
+def main():
+    datadir, http_port, s3_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    http = HostileHTTPServer("0.0.0.0", http_port).start()
+    s3 = ThreadedMotoServer(ip_address="0.0.0.0", port=s3_port, verbose=False)
+    s3.start()
+    client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3_port}",
+                          aws_access_key_id="test", aws_secret_access_key="test",
+                          region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    for name in sorted(os.listdir(datadir)):
+        with open(os.path.join(datadir, name), "rb") as f:
+            data = f.read()
+        http.add("/" + name, data)
+        client.put_object(Bucket=BUCKET, Key=name, Body=data)
+    print("ready", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Several hosts on one machine (tests/multihost/netns.py): torchrun, SageMaker, Ray and a
+shaped link across network namespaces, from the storage host to every rank.
+
+Each scenario runs once, in its own outer ``unshare --net --mount --pid`` namespace
+(driver.py), and its tests check what came back. Skipped, with the reason, where namespaces,
+veth or tc are not permitted (CI runs as root: it runs them).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import netns  # noqa: E402
+
+pytestmark = pytest.mark.multihost
+SKIP = netns.why_not()
+RECORDS = 3000  # driver.PART_SIZES
+#: One scenario on a loaded 2-core machine (torchrun with 4 ranks x 2 workers: ~40 s alone).
+SCENARIO_TIMEOUT_S = 600
+_cache: dict = {}
+
+
+def scenario(name: str, tmp_path_factory) -> dict:
+    """The driver's result for ``name`` (run once per session)."""
+    if SKIP:
+        pytest.skip(SKIP)
+    if name not in _cache:
+        work = tmp_path_factory.mktemp("multihost-" + name)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [str(netns.ROOT), os.environ.get("PYTHONPATH")])))
+        with open(work / "driver.log", "w") as log:
+            proc = subprocess.run(netns.outer_command(
+                [sys.executable, str(HERE / "driver.py"), name, str(work)]), env=env,
+                stdout=subprocess.PIPE, stderr=log, text=True, timeout=SCENARIO_TIMEOUT_S)
+        assert proc.returncode == 0, (work / "driver.log").read_text()[-4000:]
+        _cache[name] = json.loads(proc.stdout)[name]
+    result = _cache[name]
+    assert "driver_error" not in result, result["driver_error"]
+    return result
+
+
+def exactly_once(lists, expected=RECORDS, what=""):
+    seen = collections.Counter(i for ids in lists for i in ids)
+    missing = set(range(expected)) - set(seen)
+    twice = sorted(i for i, n in seen.items() if n > 1)
+    foreign = set(seen) - set(range(expected))
+    assert not missing and not twice and not foreign, \
+        f"{what}: {len(missing)} missing, {len(twice)} twice {twice[:10]}, {len(foreign)} foreign"
+
+
+def check_job(result: dict, case: str, ranks: int, epochs: int, hosts: int) -> dict:
+    """Every rank of ``case`` finished without error and every epoch delivered every record
+    once across the ranks; the ranks by number."""
+    assert result["returncodes"] == [0] * hosts, result["logs"]
+    found = {r["rank"]: r for name, r in result["ranks"].items() if name.startswith(case + "-r")}
+    assert sorted(found) == list(range(ranks)), sorted(result["ranks"])
+    for rank, r in found.items():
+        assert r["error"] is None, (rank, r["error"])
+        assert len(r["epochs"]) == epochs
+    for epoch in range(epochs):
+        exactly_once([r["epochs"][epoch] for r in found.values()], what=f"{case} epoch {epoch}")
+    return found
+
+
+# -- 1. torchrun: 2 hosts x 2 local ranks x 2 DataLoader workers ---------------------------
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory):
+    return scenario("torchrun", tmp_path_factory)
+
+
+@pytest.mark.parametrize("case", ["http", "s3", "pipe_replicated", "pipe_sharded"])
+def test_torchrun_two_hosts_every_record_once_per_epoch(torchrun, case):
+    """``torchrun --nnodes 2 --nproc-per-node 2`` (static rendezvous at host 0's address, gloo):
+    files over HTTP, objects over S3, and one ``streamio serve-pipe`` FIFO per host shared by
+    its ranks and workers; 2 shuffled epochs, every record once per epoch across the 4 ranks."""
+    ranks = check_job(torchrun, case, ranks=4, epochs=2, hosts=2)
+    assert {(r["host"], r["local_rank"]) for r in ranks.values()} == \
+        {(f"host{h}", lr) for h in range(2) for lr in range(2)}
+    assert all(ranks[r]["host"] == f"host{r // 2}" for r in ranks)  # ranks numbered host by host
+    for r in ranks.values():  # shuffled: not in file order, and a new order each epoch
+        assert r["epochs"][0] != sorted(r["epochs"][0])
+        assert r["epochs"][0] != r["epochs"][1]
+    assert all(w[0] == 0 for w in torchrun["writers"]), torchrun["writers"]  # fed every epoch
+
+
+# -- 6. hostile neighbours: what is per host and what crosses -------------------------------
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    return scenario("hostile", tmp_path_factory)
+
+
+def test_a_neighbour_host_cannot_reach_a_hosts_dealer(hostile):
+    """Host 0's shared-stream dealer listens on an abstract Unix socket: host 0's own processes
+    reach it, host 1 and the storage host (same user, same machine, other network namespaces)
+    are refused, and do not even see its name; the epoch delivers every record once."""
+    names = hostile["dealer_names"]
+    assert len(names) == 1 and names[0].startswith("@streamio-shared-")
+    name = names[0]
+    assert hostile["from_host0"][name] == "connected"  # the name is right
+    assert hostile["from_host1"][name] == "ConnectionRefusedError"
+    assert hostile["from_storage"] == "ConnectionRefusedError"
+    assert name not in hostile["host1_sees"]
+    outs = [json.loads(r["stdout"]) for r in hostile["ranks"]]
+    assert [r["rc"] for r in hostile["ranks"]] == [0, 0], hostile["ranks"]
+    assert [o["error"] for o in outs] == [None, None]
+    exactly_once([o["ids"] for o in outs], what="host 0's two ranks after the probes")
+
+
+def test_a_hosts_files_and_key_stay_on_it(hostile):
+    """Host 0's downloaded data (its /tmp) and its shared-stream key (~/.cache/streamio) exist
+    there and not on host 1: nothing crosses but the network."""
+    assert len(hostile["host0_paths"]) == 2
+    assert hostile["host1_paths"] == []
