@@ -55,6 +55,10 @@ class Harness:
     def http(self, name: str) -> str:
         return f"http://{STORAGE}:{HTTP_PORT}/{name}"
 
+    def request_log(self, name: str) -> str:
+        """Where the storage host tells the Range headers of the requests for ``name``."""
+        return f"http://{STORAGE}:{HTTP_PORT + 1}/{name}"
+
     @staticmethod
     def s3(name: str) -> str:
         return f"s3://data/{name}"

@@ -35,6 +35,7 @@ def link_rate(h: driver.Harness) -> dict:
 
 
 def _down_once(h: driver.Harness, host, read_timeout) -> dict:
+    before = len(json.loads(host.run_ok(["curl", "-sSf", h.request_log(BIG)])))
     argv = [sys.executable, str(driver.HERE / "link_reader.py"), "read", h.http(BIG)]
     if read_timeout is not None:
         argv.append(str(read_timeout))
@@ -50,8 +51,9 @@ def _down_once(h: driver.Harness, host, read_timeout) -> dict:
     except subprocess.TimeoutExpired:
         proc.kill()
         so, se = proc.communicate()
-    result = json.loads(so) if proc.returncode == 0 and so.strip() else {"stdout": so}
-    return dict(result, first=first, rc=proc.returncode, stderr=se[-2000:],
+    ranges = json.loads(host.run_ok(["curl", "-sSf", h.request_log(BIG)]))
+    result = json.loads(so.splitlines()[-1]) if proc.returncode == 0 else {"stdout": so}
+    return dict(result, ranges=ranges[before:], first=first, rc=proc.returncode, stderr=se[-2000:],
                 after_down_s=round(time.monotonic() - down_at, 1), read_timeout=read_timeout)
 
 
