@@ -44,7 +44,9 @@ class Harness:
         if big:
             import scenarios_link
             self.big = scenarios_link.write_big(data)
-        self.net = netns.Network(hosts)
+        shared = workdir / "shared"
+        shared.mkdir(exist_ok=True)
+        self.net = netns.Network(hosts, shared=str(shared))
         self.hosts = self.net.hosts
         self.storage = self.net.storage.popen(
             [sys.executable, str(HERE / "storage.py"), str(data), HTTP_PORT, S3_PORT],
@@ -86,15 +88,17 @@ def read_results(host: netns.Host, directory: str) -> dict:
     return json.loads(host.python("-c", code))
 
 
-def torchrun(hosts, out: str, cases: list, timeout: float = 400) -> dict:
-    """``torchrun --nnodes len(hosts) --nproc-per-node 2`` of rank_job.py on every host, the
-    rendezvous (static, the c10d store) at host 0's address; every rank's results by file."""
+def torchrun(hosts, out: str, cases, timeout: float = 400, nproc: int = 2,
+             script: str = "rank_job.py") -> dict:
+    """``torchrun --nnodes len(hosts) --nproc-per-node nproc`` of ``script OUT CASES`` on every
+    host, the rendezvous (static, the c10d store) at host 0's address; every rank's results
+    (the JSON files the ranks left in OUT on their hosts) by file name."""
     procs = []
     for i, host in enumerate(hosts):
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)),
-                "--nproc-per-node", "2", "--node-rank", str(i), "--master-addr",
+                "--nproc-per-node", str(nproc), "--node-rank", str(i), "--master-addr",
                 hosts[0].address, "--master-port", "29400", "--max-restarts", "0",
-                str(HERE / "rank_job.py"), out, json.dumps(cases)]
+                str(HERE / script), out, json.dumps(cases)]
         procs.append(host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True))
     logs = []

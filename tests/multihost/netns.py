@@ -9,14 +9,16 @@ of the outer namespace. Addresses are 10.77.0.0/24, used only on that bridge.
 What is per host (and so shared by nothing across hosts): the network namespace (its abstract
 Unix sockets, loopback, ports), ``/tmp`` and ``/dev/shm`` (tmpfs mounted in the host's own mount
 namespace: FIFOs, shared-memory segments), ``~/.cache`` (streamio's key file) and the hostname.
-What crosses: only TCP/UDP over the bridge. The repository and Python are the machine's, read
-the same on every host.
+What crosses: only TCP/UDP over the bridge, and ``/tmp/shared``, which stands for a cluster's
+shared filesystem (where a job keeps its checkpoints). The repository and Python are the
+machine's, read the same on every host.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 import sys
@@ -69,11 +71,19 @@ def sh(command: str, timeout: float = 30) -> str:
 class Host:
     """One host: a holder process in its own namespaces; ``run``/``popen`` enter them."""
 
-    def __init__(self, name: str, address: str, index: int, *, private: bool = True) -> None:
+    def __init__(self, name: str, address: str, index: int, *, private: bool = True,
+                 shared: Optional[str] = None) -> None:
         self.name, self.address, self.index = name, address, index
         self.private = private
         self.link = f"mhv{index}"  # the bridge side of its veth, in the outer namespace
-        setup = (_PRIVATE_SETUP if private else "") + f"hostname {name} && ip link set lo up && "
+        setup = ""
+        if private:
+            setup = _PRIVATE_SETUP
+            if shared:  # the cluster's shared filesystem (checkpoints), at /tmp/shared
+                # cd first: the new /tmp hides the path; the kernel follows the cwd link.
+                setup = (f"cd {shlex.quote(shared)} && {setup} mkdir /tmp/shared && mount -c"
+                         " --bind /proc/self/cwd /tmp/shared && cd / && ")
+        setup += f"hostname {name} && ip link set lo up && "
         self._holder = subprocess.Popen(
             ["unshare", "--net", "--mount", "--uts", "sh", "-c",
              setup + "echo ready && exec sleep 100000"], stdout=subprocess.PIPE, text=True)
@@ -137,12 +147,14 @@ class Network:
     """The bridge, the storage host (``shape`` on its link: every byte it serves) and ``n``
     compute hosts ``host0`` .. (10.77.0.10 + i)."""
 
-    def __init__(self, hosts: int, *, shape: Optional[str] = "400mbit") -> None:
+    def __init__(self, hosts: int, *, shape: Optional[str] = "400mbit",
+                 shared: Optional[str] = None) -> None:
         sh("ip link set lo up && ip link add " + BRIDGE + " type bridge && ip link set "
            + BRIDGE + " up")
         # The storage host keeps the machine's /tmp: it serves files the driver wrote there.
         self.storage = Host("storage", STORAGE_ADDRESS, 0, private=False)
-        self.hosts = [Host(f"host{i}", f"{SUBNET}.{10 + i}", i + 1) for i in range(hosts)]
+        self.hosts = [Host(f"host{i}", f"{SUBNET}.{10 + i}", i + 1, shared=shared)
+                      for i in range(hosts)]
         self.rate = None
         if shape:
             self.shape(shape)

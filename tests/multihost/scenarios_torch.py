@@ -155,3 +155,22 @@ def hostile_neighbour(h: driver.Harness) -> dict:
 
 
 SCENARIOS = {"torchrun": torchrun_2x2, "sagemaker": sagemaker_2x2, "hostile": hostile_neighbour}
+
+
+def elastic(h: driver.Harness) -> dict:
+    """2 hosts x 2 ranks read part of an epoch over HTTP and checkpoint (DCP, on the shared
+    filesystem); the job resumes on 1 host x 3 ranks and, from the same checkpoint, on 3 hosts
+    x 1 rank."""
+    urls = [h.http(n) for n in h.parts]
+    spec = {"urls": urls, "checkpoint": "/tmp/shared/elastic-ckpt"}
+    out = {"old": driver.torchrun(h.hosts[:2], "/tmp/out-el-old", dict(spec, phase="old"),
+                                  script="elastic_rank.py")}
+    out["one_host"] = driver.torchrun(h.hosts[:1], "/tmp/out-el-1x3", dict(spec, phase="new"),
+                                      nproc=3, script="elastic_rank.py")
+    out["three_hosts"] = driver.torchrun(h.hosts[:3], "/tmp/out-el-3x1",
+                                         dict(spec, phase="new"), nproc=1,
+                                         script="elastic_rank.py")
+    return out
+
+
+SCENARIOS["elastic"] = elastic

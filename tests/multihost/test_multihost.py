@@ -188,3 +188,35 @@ def test_a_host_losing_its_link_mid_object_gets_every_record(link_down, which):
     if run["read_timeout"] is not None:
         resumes = [r for r in run["ranges"][1:] if r and r != "bytes=0-"]
         assert resumes, run["ranges"]  # it did reconnect, from where it was
+
+
+# -- 3. elastic resume across hosts -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def elastic(tmp_path_factory):
+    return scenario("elastic", tmp_path_factory)
+
+
+def _ranks(job: dict, hosts: int) -> dict:
+    assert job["returncodes"] == [0] * hosts, job["logs"]
+    ranks = {r["rank"]: r for r in job["ranks"].values()}
+    assert all(r["error"] is None for r in ranks.values()), ranks
+    return ranks
+
+
+@pytest.mark.parametrize("layout,hosts,nranks", [("one_host", 1, 3), ("three_hosts", 3, 3)])
+def test_elastic_resume_across_hosts(elastic, layout, hosts, nranks):
+    """2 hosts x 2 ranks (2 workers each) read over HTTP until a mid-epoch checkpoint
+    (``torch.distributed.checkpoint``, one key per rank, on the shared filesystem); resumed on
+    1 host x 3 ranks and on 3 hosts x 1 rank, every rank loading every old rank's state: the
+    old ranks' records and the new ranks' rest of the epoch hold every record once, and the
+    next epoch too."""
+    old = _ranks(elastic["old"], 2)
+    assert sorted(old) == [0, 1, 2, 3]
+    assert {old[r]["host"] for r in old} == {"host0", "host1"}
+    new = _ranks(elastic[layout], hosts)
+    assert sorted(new) == list(range(nranks))
+    assert len({r["host"] for r in new.values()}) == hosts
+    assert all(old[r]["epochs"][0] for r in old)  # each old rank got records before the cut
+    exactly_once([r["epochs"][0] for r in old.values()] + [r["epochs"][0] for r in new.values()],
+                 what=f"{layout}: the resumed epoch")
+    exactly_once([r["epochs"][1] for r in new.values()], what=f"{layout}: the next epoch")
