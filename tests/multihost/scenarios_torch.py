@@ -5,6 +5,7 @@ host's shared-stream dealer. Each returns what the ranks delivered; the checks a
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -174,3 +175,32 @@ def elastic(h: driver.Harness) -> dict:
 
 
 SCENARIOS["elastic"] = elastic
+
+
+def _ray_start(host: netns.Host, env: dict, *args: str) -> str:
+    return host.python("-m", "ray.scripts.scripts", "start", "--node-ip-address", host.address,
+                       "--num-cpus", "1", "--object-store-memory", str(128 << 20),
+                       "--disable-usage-stats", *args, env=env, timeout=240)
+
+
+def ray_cluster(h: driver.Harness) -> dict:
+    """A Ray cluster across hosts: the head on host 0, a worker node on host 1 (each its own
+    raylet and object store, at its own address); the job on host 0."""
+    head, worker = h.hosts[:2]
+    # Ray's token authentication, the token given to every node (as a cluster would): a node
+    # that would fall back on ~/.ray/auth_token reads another job's token on a shared home.
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    out = {"head": _ray_start(head, env, "--head", "--port", "6379", "--include-dashboard",
+                              "false")[-500:]}
+    out["worker"] = _ray_start(worker, env, "--address", f"{head.address}:6379")[-500:]
+    job = head.python(str(driver.HERE / "ray_job.py"), json.dumps([h.http(n) for n in h.parts]),
+                      json.dumps([h.s3(n) for n in h.parts]), "s3://data/ray-out/part",
+                      env=env, timeout=400)
+    out.update(json.loads(job.splitlines()[-1]))
+    for host in (worker, head):
+        host.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], env=env,
+                 timeout=60)
+    return out
+
+
+SCENARIOS["ray"] = ray_cluster

@@ -220,3 +220,30 @@ def test_elastic_resume_across_hosts(elastic, layout, hosts, nranks):
     exactly_once([r["epochs"][0] for r in old.values()] + [r["epochs"][0] for r in new.values()],
                  what=f"{layout}: the resumed epoch")
     exactly_once([r["epochs"][1] for r in new.values()], what=f"{layout}: the next epoch")
+
+
+# -- 4. a Ray cluster across hosts ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    return scenario("ray", tmp_path_factory)
+
+
+@pytest.mark.parametrize("proto", ["http", "s3"])
+def test_ray_cluster_across_hosts_reads_every_record_once(ray_cluster, proto):
+    """``ray start --head`` on host 0, ``ray start --address`` on host 1 (separate raylets at
+    10.77.0.10 and .11, token authentication): ``streamio.ray.read`` of the storage host's
+    data; both nodes read rows, every record once."""
+    assert ray_cluster["nodes"] == ["10.77.0.10", "10.77.0.11"]
+    read = ray_cluster["read"][proto]
+    exactly_once([read["ids"]], what=f"streamio.ray.read over {proto}")
+    assert read["addresses"] == ["10.77.0.10", "10.77.0.11"]  # both hosts did work
+
+
+def test_ray_write_to_the_storage_hosts_s3_reads_back(ray_cluster):
+    """``streamio.ray.write(ds, "s3://data/ray-out/part")`` from both nodes uploads every shard
+    to the storage host's S3 (before the fix each node wrote ``./s3:/data/...`` on its own
+    disk); streamio reads them back from S3: every record once."""
+    write = ray_cluster["write"]
+    assert write["error"] is None, write["error"]
+    assert write["shards"] and all(s.startswith("s3://data/ray-out/part-") for s in write["shards"])
+    exactly_once([write["ids"]], what="written and read back")
