@@ -66,3 +66,30 @@ def link_down(h: driver.Harness) -> dict:
 
 
 SCENARIOS = {"link_rate": link_rate, "link_down": link_down}
+
+
+def table(result: dict) -> str:
+    """The link-rate runs as a table (benchmarks/multihost.sh): per protocol, the median
+    transfer rate of curl and of streamio, the median of the per-round ratios, and streamio's
+    rate over the link's."""
+    import statistics
+    link = float(result["rate"].rstrip("mbit"))
+    mbit = {}
+    for run in result["runs"]:
+        rate = run["transfer_bytes"] * 8 / run["transfer_seconds"] / 1e6
+        mbit.setdefault(run["proto"], {}).setdefault(run["round"], {})[run["tool"]] = rate
+    lines = [f"link: tbf rate {result['rate']} on the storage host's veth; 200 MB TFRecord object,"
+             f" {len(next(iter(mbit.values())))} rounds (alternating), medians; Mbit/s of payload"
+             " after the first byte",
+             f"{'protocol':<9}{'curl':>8}{'streamio':>10}{'streamio/curl':>15}{'streamio/link':>15}"]
+    for proto, rounds in mbit.items():
+        curl = statistics.median(r["curl"] for r in rounds.values())
+        sio = statistics.median(r["streamio"] for r in rounds.values())
+        ratio = statistics.median(r["streamio"] / r["curl"] for r in rounds.values())
+        lines.append(f"{proto:<9}{curl:>8.0f}{sio:>10.0f}{ratio:>15.3f}{sio / link:>15.3f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python scenarios_link.py table OUT.json
+    with open(sys.argv[2]) as f:
+        print(table(json.load(f)["link_rate"]))

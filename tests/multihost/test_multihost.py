@@ -29,20 +29,22 @@ SCENARIO_TIMEOUT_S = 600
 _cache: dict = {}
 
 
-def scenario(name: str, tmp_path_factory, *args: str) -> dict:
-    """The driver's result for ``name`` (run once per session)."""
+def scenario(name: str, tmp_path_factory, *args: str, runs_with: str = "") -> dict:
+    """The driver's result for ``name`` (run once per session; ``runs_with``: scenarios run in
+    the same driver, sharing its setup)."""
     if SKIP:
         pytest.skip(SKIP)
     if name not in _cache:
         work = tmp_path_factory.mktemp("multihost-" + name)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             filter(None, [str(netns.ROOT), os.environ.get("PYTHONPATH")])))
+        names = ",".join(filter(None, [name, runs_with]))
         with open(work / "driver.log", "w") as log:
             proc = subprocess.run(netns.outer_command(
-                [sys.executable, str(HERE / "driver.py"), name, str(work), *args]), env=env,
+                [sys.executable, str(HERE / "driver.py"), names, str(work), *args]), env=env,
                 stdout=subprocess.PIPE, stderr=log, text=True, timeout=SCENARIO_TIMEOUT_S)
         assert proc.returncode == 0, (work / "driver.log").read_text()[-4000:]
-        _cache[name] = json.loads(proc.stdout)[name]
+        _cache.update(json.loads(proc.stdout))
     result = _cache[name]
     assert "driver_error" not in result, result["driver_error"]
     return result
@@ -95,7 +97,7 @@ def test_torchrun_two_hosts_every_record_once_per_epoch(torchrun, case):
 # -- 6. hostile neighbours: what is per host and what crosses -------------------------------
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
-    return scenario("hostile", tmp_path_factory)
+    return scenario("hostile", tmp_path_factory, runs_with="sagemaker")
 
 
 def test_a_neighbour_host_cannot_reach_a_hosts_dealer(hostile):
@@ -144,7 +146,7 @@ def test_sagemaker_two_hosts_every_record_once(sagemaker, channel):
 # -- 5. the link is the limit -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def link_rate(tmp_path_factory):
-    return scenario("link_rate", tmp_path_factory, "--rounds", "1")
+    return scenario("link_rate", tmp_path_factory, "--rounds", "1", runs_with="link_down")
 
 
 def _rate(run):
