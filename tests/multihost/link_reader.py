@@ -2,8 +2,10 @@
 
 usage:
   link_reader.py rate HTTP_URL S3_URL ROUNDS   streamio beside curl, alternating; JSON runs
-  link_reader.py read URL [READ_TIMEOUT]        streamio once (prints "first" at the first
-                                                record, then JSON: records, in order, error)
+  link_reader.py read URL [OPEN READ]           streamio once (prints "first" at the first
+                                                record, then JSON: records, in order, error,
+                                                when it ended: time.monotonic(), machine-wide)
+                                                with these open_timeout and read_timeout
 
 Every record holds its index in its first 8 bytes (big-endian), so a reader checks that each
 arrived once and in order. Rates count the bytes after the first byte (curl's
@@ -20,8 +22,8 @@ import streamio
 from streamio import Dataset
 
 
-def read_streamio(url, read_timeout=None, announce=False):
-    options = {} if read_timeout is None else {"read_timeout": read_timeout}
+def read_streamio(url, timeouts=None, announce=False):
+    options = {} if timeouts is None else dict(zip(("open_timeout", "read_timeout"), timeouts))
     start = time.perf_counter()
     first = None
     n = size = first_size = 0
@@ -40,7 +42,7 @@ def read_streamio(url, read_timeout=None, announce=False):
         error = f"{type(exc).__name__}: {exc}"
     end = time.perf_counter()
     return {"tool": "streamio", "records": n, "bytes": size, "in_order": in_order,
-            "error": error, "seconds": end - start,
+            "error": error, "seconds": end - start, "ended_at": time.monotonic(),
             "transfer_seconds": end - first if first else None,
             "transfer_bytes": size - first_size}
 
@@ -79,8 +81,8 @@ def main():
     if sys.argv[1] == "rate":
         print(json.dumps(rates(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
     else:
-        timeout = float(sys.argv[3]) if len(sys.argv) > 3 else None
-        print(json.dumps(read_streamio(sys.argv[2], timeout, announce=True)))
+        timeouts = tuple(map(float, sys.argv[3:5])) if len(sys.argv) > 3 else None
+        print(json.dumps(read_streamio(sys.argv[2], timeouts, announce=True)))
 
 
 if __name__ == "__main__":

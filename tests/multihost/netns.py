@@ -47,9 +47,9 @@ def outer_command(argv: Sequence[str]) -> list:
 
 def why_not() -> Optional[str]:
     """None where the harness can run here, else why not (the tests skip with it)."""
-    for tool in ("unshare", "nsenter", "ip", "tc"):
+    for tool in ("unshare", "nsenter", "ip", "tc", "curl"):
         if shutil.which(tool) is None:
-            return f"{tool} not found (util-linux, iproute2)"
+            return f"{tool} not found (util-linux, iproute2, curl)"
     probe = subprocess.run(
         ["unshare", "--net", "--mount", "sh", "-c",
          "ip link add va type veth peer name vb && tc qdisc add dev va root tbf rate 100mbit"
@@ -133,10 +133,16 @@ class Host:
     def python(self, *args: str, **kwargs) -> str:
         return self.run_ok([sys.executable, *args], **kwargs)
 
-    def set_link(self, up: bool) -> None:
-        """Pull (or plug back) this host's cable: the bridge side of its veth, so the host's own
-        interface keeps its address and routes and sees only that nothing arrives."""
-        sh(f"ip link set {self.link} {'up' if up else 'down'}")
+    def set_link(self, up: bool, *, side: str = "cable") -> None:
+        """``side="cable"``: pull (or plug back) this host's cable, the bridge side of its veth:
+        the host keeps its address and routes and sees only that nothing arrives (a connect
+        waits for its timeout). ``side="host"``: set the host's own interface down, which
+        takes its routes with it (a connect fails at once, ENETUNREACH)."""
+        state = "up" if up else "down"
+        if side == "cable":
+            sh(f"ip link set {self.link} {state}")
+        else:
+            self.run_ok(["ip", "link", "set", "eth0", state])
 
     def close(self) -> None:
         self._holder.kill()

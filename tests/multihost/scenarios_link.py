@@ -34,35 +34,49 @@ def link_rate(h: driver.Harness) -> dict:
     return {"rate": h.net.rate, "records": BIG_RECORDS, "runs": json.loads(out)}
 
 
-def _down_once(h: driver.Harness, host, read_timeout) -> dict:
+def _down_once(h: driver.Harness, host, timeouts, down_s=DOWN_S, side="cable") -> dict:
     before = len(json.loads(host.run_ok(["curl", "-sSf", h.request_log(BIG)])))
     argv = [sys.executable, str(driver.HERE / "link_reader.py"), "read", h.http(BIG)]
-    if read_timeout is not None:
-        argv.append(str(read_timeout))
+    if timeouts is not None:
+        argv += map(str, timeouts)
     proc = host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = proc.stdout.readline().strip()
     time.sleep(0.5)  # a few MB in: mid-object
-    host.set_link(False)
+    host.set_link(False, side=side)
     down_at = time.monotonic()
-    time.sleep(DOWN_S)
-    host.set_link(True)
+    time.sleep(down_s)
+    host.set_link(True, side=side)
     try:
         so, se = proc.communicate(timeout=400)
     except subprocess.TimeoutExpired:
         proc.kill()
         so, se = proc.communicate()
     ranges = json.loads(host.run_ok(["curl", "-sSf", h.request_log(BIG)]))
-    result = json.loads(so.splitlines()[-1]) if proc.returncode == 0 else {"stdout": so}
+    lines = [first, *so.splitlines()]  # "first", then the JSON; only the JSON if it failed early
+    result = json.loads(lines[-1]) if proc.returncode == 0 else {"stdout": so}
+    first = lines[0] == "first"
+    ended = result.get("ended_at")
     return dict(result, ranges=ranges[before:], first=first, rc=proc.returncode, stderr=se[-2000:],
-                after_down_s=round(time.monotonic() - down_at, 1), read_timeout=read_timeout)
+                after_down_s=None if ended is None else round(ended - down_at, 1),
+                timeouts=timeouts, down_s=down_s, side=side)
+
+
+#: A host interface down this long outlasts streamio's retries with read_timeout=1: the silent
+#: connection is dropped after 1 s, and each reconnect fails at once (no route) until
+#: max_retries (5) failures in a row, with the backoff between them (0.25 s doubling: 7.75 s).
+LONG_DOWN_S = 20.0
+RETRY_BOUND_S = 1.0 + 7.75
 
 
 def link_down(h: driver.Harness) -> dict:
-    """Host 1 streams the object over HTTP; its link goes down 0.5 s in, for 5 s: with the
-    default timeouts (TCP rides it out) and with read_timeout=2 (streamio reconnects)."""
+    """Host 1 streams the object over HTTP; 0.5 s in, its cable is pulled for 5 s: with the
+    default timeouts (TCP rides it out) and with read_timeout=2 (streamio reconnects); then
+    its interface goes down for 20 s with read_timeout=1 (streamio gives up within its retry
+    budget). open_timeout 30 s: the server hashes the object before it answers."""
     host = h.hosts[1]
-    return {"records": BIG_RECORDS, "down_s": DOWN_S,
-            "runs": [_down_once(h, host, None), _down_once(h, host, 2.0)]}
+    return {"records": BIG_RECORDS, "retry_bound_s": RETRY_BOUND_S,
+            "runs": [_down_once(h, host, None), _down_once(h, host, (30, 2)),
+                     _down_once(h, host, (30, 1), LONG_DOWN_S, side="host")]}
 
 
 SCENARIOS = {"link_rate": link_rate, "link_down": link_down}
