@@ -176,10 +176,3 @@ class Network:
         for host in [*self.hosts, self.storage]:
             host.close()
 
-
-def wait_port(host: Host, address: str, port: int, timeout: float = 60) -> None:
-    """Until ``address:port`` accepts a TCP connection from ``host``."""
-    code = (f"import socket,time\nd=time.monotonic()+{timeout}\nwhile True:\n try:\n"
-            f"  socket.create_connection(({address!r},{port}),1).close();break\n except OSError:\n"
-            "  assert time.monotonic()<d,'no answer'\n  time.sleep(0.2)\n")
-    host.python("-c", code, timeout=timeout + 10)

@@ -92,10 +92,12 @@ def table(result: dict) -> str:
     for run in result["runs"]:
         rate = run["transfer_bytes"] * 8 / run["transfer_seconds"] / 1e6
         mbit.setdefault(run["proto"], {}).setdefault(run["round"], {})[run["tool"]] = rate
-    lines = [f"link: tbf rate {result['rate']} on the storage host's veth; 200 MB TFRecord object,"
-             f" {len(next(iter(mbit.values())))} rounds (alternating), medians; Mbit/s of payload"
-             " after the first byte",
-             f"{'protocol':<9}{'curl':>8}{'streamio':>10}{'streamio/curl':>15}{'streamio/link':>15}"]
+    n_rounds = len(next(iter(mbit.values())))
+    lines = [f"link: tbf rate {result['rate']} on the storage host's veth; 200 MB TFRecord"
+             f" object, {n_rounds} rounds (alternating), medians; Mbit/s of payload after the"
+             " first byte",
+             f"{'protocol':<9}{'curl':>8}{'streamio':>10}{'streamio/curl':>15}"
+             f"{'streamio/link':>15}"]
     for proto, rounds in mbit.items():
         curl = statistics.median(r["curl"] for r in rounds.values())
         sio = statistics.median(r["streamio"] for r in rounds.values())
