@@ -221,10 +221,13 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 class HostileHTTPServer:
-    """Serves :class:`Route` s on 127.0.0.1 from a thread; a context manager that stops cleanly."""
+    """Serves :class:`Route` s on 127.0.0.1 from a thread; a context manager that stops cleanly.
+    ``host``/``port``: where to listen instead (the multi-host harness's storage host serves its
+    link's address, tests/multihost/)."""
 
-    def __init__(self) -> None:
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._host = host
+        self._server = _Server((host, port), _Handler)
         self._server.routes = {}
         self._server.requests = []
         self._server.stopping = threading.Event()
@@ -239,7 +242,7 @@ class HostileHTTPServer:
         return self._server.requests
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"http://{self._host}:{self.port}{path}"
 
     def add(self, path: str, data: bytes = b"", **behaviour: Any) -> str:
         """Serve ``data`` (or ``versions=[...]``) at ``path``, misbehaving as told; its URL."""

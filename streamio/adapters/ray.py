@@ -40,12 +40,17 @@ Writing
 (``.rec`` for RecordIO, ``.gz``/``.zst`` when compressed), each written under a temporary name
 made by ``mkstemp`` in the destination directory and renamed into place, with an index file
 beside it when ``index=True`` (written by :func:`streamio.tools.index.write_index`). A write task
-writes on its own node's filesystem: on several machines ``path_prefix`` must be shared.
+writes on its own node's filesystem: on several machines a local ``path_prefix`` must be shared.
+A URL prefix (``s3://bucket/out/part``, any scheme of :data:`URL_WRITERS`) is written through
+smart_open, the library the ``s3://`` sources read with: each shard (and its index) is made in
+the task's temporary directory, then uploaded; an object store shows the object only once its
+upload completes, so a reader never sees half a shard.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 from typing import Any, Iterable, Iterator, Optional
@@ -55,7 +60,7 @@ import numpy as np
 from .._util import batch_rows as _rows, check_int
 from ..decoders.example import encode_example
 from ..decoders.sparse import SparseBatch
-from ..errors import UsageError, UsageTypeError, require
+from ..errors import SourceError, UsageError, UsageTypeError, require
 from ..pipeline.dataset import Dataset
 from ..pipeline.splits import plan_parts
 from ..reader import write_records
@@ -72,6 +77,10 @@ from ray.data.datasource import ReadTask  # noqa: E402
 from ray.data.extensions import ArrowTensorArray  # noqa: E402
 
 __all__ = ["Datasink", "Datasource", "batch_to_arrow", "read", "write"]
+
+#: URL schemes a Datasink writes through smart_open (its writable transports); any other
+#: ``scheme://`` prefix is refused at once, never taken for a local directory named ``scheme:``.
+URL_WRITERS = ("s3", "s3a", "s3n", "gs", "gcs", "azure", "hdfs", "webhdfs", "sftp", "ssh", "scp")
 
 #: Records decoded per call inside a read task: large enough that the decoder's per-call cost
 #: vanishes, small enough that its records and arrays stay in the caches.
@@ -366,7 +375,15 @@ class Datasink(ray.data.Datasink):
             records_per_shard = check_int("records_per_shard", records_per_shard, 1)
         if encode not in (None, "example"):
             raise UsageError(f"encode must be None or 'example', not {encode!r}")
-        self.path_prefix = os.path.abspath(os.fspath(path_prefix))
+        prefix = os.fspath(path_prefix)
+        scheme = prefix.split("://", 1)[0] if "://" in prefix else None
+        if scheme == "file":
+            prefix, scheme = prefix[len("file://"):], None
+        if scheme is not None and scheme not in URL_WRITERS:
+            raise UsageError(f"cannot write shards to {prefix!r}: URLs of {list(URL_WRITERS)}"
+                             " or a local path")
+        self.url = scheme is not None
+        self.path_prefix = prefix if self.url else os.path.abspath(prefix)
         self.format = format
         self.compression = compression
         self.index = index
@@ -379,7 +396,10 @@ class Datasink(ray.data.Datasink):
         return f"streamio.{self.format}"
 
     def on_write_start(self, schema: Any = None) -> None:
-        os.makedirs(os.path.dirname(self.path_prefix) or ".", exist_ok=True)
+        if self.url:
+            require("smart_open", "s3")  # the missing extra named here, not in every task
+        else:
+            os.makedirs(os.path.dirname(self.path_prefix) or ".", exist_ok=True)
         if self.encode is None and schema is not None and self.column not in schema.names:
             raise UsageError(f"the Dataset has no column {self.column!r} (columns:"
                              f" {schema.names}); pass encode='example' to encode its columns")
@@ -419,11 +439,19 @@ class Datasink(ray.data.Datasink):
     def _write_shard(self, task: int, number: int, records: list) -> str:
         suffix = _SUFFIX[self.format] + _COMPRESSED_SUFFIX[self.compression]
         path = f"{self.path_prefix}-{task:05d}-{number:05d}{suffix}"
-        directory = os.path.dirname(path)
+        directory = None if self.url else os.path.dirname(path)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".streamio-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 write_records(f, self.format, records, compression=self.compression)
+            if self.url:
+                _upload(tmp, path)
+                if self.index:
+                    made = write_index(tmp, self.format)
+                    _upload(made, index_path(path, self.format))
+                    os.unlink(made)
+                os.unlink(tmp)
+                return path
             if self.index:
                 os.replace(write_index(tmp, self.format), index_path(path, self.format))
             os.replace(tmp, path)
@@ -435,6 +463,17 @@ class Datasink(ray.data.Datasink):
                     pass
             raise
         return path
+
+
+def _upload(local: str, url: str) -> None:
+    """Copy the file ``local`` to ``url`` (smart_open: an S3 multipart upload, completed at
+    close and aborted on error)."""
+    smart_open = require("smart_open", "s3")
+    try:
+        with open(local, "rb") as src, smart_open.open(url, "wb", compression="disable") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+    except Exception as exc:  # smart_open raises many transport-specific types
+        raise SourceError(f"cannot write: {exc}", source=url) from exc
 
 
 def _numpy_column(column: Any) -> Any:
@@ -456,7 +495,8 @@ def write(ds: Any, path_prefix: str, format: str = "tfrecord", *,
           column: str = "record") -> list:
     """Write the Ray Dataset ``ds`` as shards ``<path_prefix>-<task>-<n>.tfrecord`` (or
     ``.rec``) with a :class:`Datasink` (``streamio pack`` at cluster scale); returns the shard
-    paths, sorted. ``index=True`` writes an index file beside each shard."""
+    paths, sorted. ``index=True`` writes an index file beside each shard. ``path_prefix``: a
+    local path (shared by the nodes of a cluster) or a URL such as ``s3://bucket/out/part``."""
     sink = Datasink(path_prefix, format, compression=compression, index=index,
                     records_per_shard=records_per_shard, encode=encode, column=column)
     ds.write_datasink(sink)

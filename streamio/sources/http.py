@@ -244,7 +244,7 @@ class HttpSource(ByteSource):
 
     def _request(self, url: str):
         scheme, host, port, path = self._target(url)
-        kwargs = {"timeout": min(self._open_timeout, self._timeout)}
+        kwargs = {"timeout": self._open_timeout}  # the body's reads: read_timeout (_arm)
         if scheme == "https":
             kwargs["context"] = ssl.create_default_context()
         cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
