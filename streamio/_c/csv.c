@@ -163,30 +163,43 @@ static int csv_defer(csv_job *job, Py_ssize_t cell, const unsigned char *p, Py_s
     return 0;
 }
 
-/* Parse row r: NUM_OK, NUM_BAD (not a plain row of ncols numbers) or -1 (out of memory). */
+/* Parse row r: NUM_OK, NUM_BAD (not a plain row of ncols numbers) or -1 (out of memory).
+ * The job's fields are read once into locals (stores into the output could otherwise be taken
+ * to change them), and rows that use every column skip the slot lookups. */
 static int csv_row(csv_job *job, Py_ssize_t r)
 {
     const unsigned char *p = job->data[r], *stop = job->data[r] + job->lens[r];
-    for (Py_ssize_t c = 0; c < job->ncols; c++) {
+    const Py_ssize_t ncols = job->ncols, last = ncols - 1;
+    const Py_ssize_t *slot = job->slot;
+    const unsigned char sep = job->sep;
+    const int every = job->nout == ncols;
+    const int want_double = job->want_double;
+    char *const out = job->out;
+    const Py_ssize_t base = r * job->nout;
+    for (Py_ssize_t c = 0; c < ncols; c++) {
         const unsigned char *field = p, *fend;
         double value = 0.0;
         int kind = NUM_OK;
-        if (job->slot[c] < 0) { /* an unused column: only find its end */
-            const unsigned char *next = memchr(p, job->sep, (size_t)(stop - p));
+        const Py_ssize_t at = every ? c : slot[c];
+        if (at < 0) { /* an unused column: only find its end */
+            const unsigned char *next = memchr(p, sep, (size_t)(stop - p));
             fend = next ? next : stop;
-        } else if ((kind = parse_decimal(p, stop, job->sep, &value, &fend)) == NUM_BAD) {
+        } else if ((kind = parse_decimal(p, stop, sep, &value, &fend)) == NUM_BAD) {
             return NUM_BAD;
         }
         /* a separator must follow every field but the last, and none the last */
-        if ((fend == stop) != (c == job->ncols - 1))
+        if ((fend == stop) != (c == last))
             return NUM_BAD;
         p = fend + 1;
-        if (job->slot[c] < 0)
+        if (at < 0)
             continue;
-        Py_ssize_t cell = r * job->nout + job->slot[c];
+        Py_ssize_t cell = base + at;
         if (kind == NUM_SLOW && csv_defer(job, cell, field, fend - field) < 0)
             return -1;
-        csv_store(job, cell, value);
+        if (want_double)
+            ((double *)out)[cell] = value;
+        else
+            ((float *)out)[cell] = (float)value;
     }
     return NUM_OK;
 }
