@@ -20,8 +20,8 @@ DEFAULT_BATCH_SIZE = 256
 DEFAULT_SHUFFLE_BUFFER = 10_000
 DEFAULT_PREFETCH: Optional[int] = None  # prefetch(): the self-sizing queue (like tf.data.AUTOTUNE)
 FIXED_PREFETCH = 2  # reported beside it: a small fixed queue, one wake-up per two batches
-# pandas' per-chunk overhead is large: 65,536 rows a chunk ran faster than 8,192 on the CSV workload
-# (8,192: 0.222 s against 0.203 s, one run each, 2026-12-07), and the one the CSV target is judged by.
+# pandas' per-chunk overhead is large: 65,536 rows a chunk ran faster than 8,192 on the CSV
+# workload (0.203 s against 0.222 s), and is what the CSV target is judged by.
 DEFAULT_PANDAS_CHUNKSIZE = 65_536
 DEFAULT_PEER_TIMEOUT = 600.0  # seconds one peer measurement may take before it is abandoned
 LARGE_RECORD_SIZE = 100_000
