@@ -218,7 +218,8 @@ def _with_ray(args: argparse.Namespace, tmp: str, rows) -> list:
     """``rows()`` on a local Ray of ``--cpus`` CPUs (loopback only), shut down after."""
     import ray
 
-    ray.init(num_cpus=args.cpus, object_store_memory=args.object_store_mb << 20,
+    # address="local": a new Ray of its own, even where another's address file is in /tmp/ray
+    ray.init(address="local", num_cpus=args.cpus, object_store_memory=args.object_store_mb << 20,
              include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
