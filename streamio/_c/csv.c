@@ -93,6 +93,7 @@ typedef struct {
     const unsigned char **data;
     Py_ssize_t *lens;
     Py_ssize_t *slot; /* column -> output position, -1 unused */
+    int identity;     /* slot[c] == c for every column: every column used, in order */
     unsigned char sep;
     int want_double;
     char *out;
@@ -110,6 +111,7 @@ static int csv_columns(PyObject *usecols_obj, csv_job *job)
         for (Py_ssize_t c = 0; c < job->ncols; c++)
             job->slot[c] = c;
         job->nout = job->ncols;
+        job->identity = 1;
         return 0;
     }
     /* A tuple of our own: an item's __index__ may change the caller's list meanwhile. */
@@ -133,6 +135,9 @@ static int csv_columns(PyObject *usecols_obj, csv_job *job)
         job->slot[c] = k;
     }
     Py_DECREF(cols);
+    job->identity = job->nout == job->ncols;
+    for (Py_ssize_t c = 0; c < job->ncols && job->identity; c++)
+        job->identity = job->slot[c] == c;
     return 0;
 }
 
@@ -165,14 +170,14 @@ static int csv_defer(csv_job *job, Py_ssize_t cell, const unsigned char *p, Py_s
 
 /* Parse row r: NUM_OK, NUM_BAD (not a plain row of ncols numbers) or -1 (out of memory).
  * The job's fields are read once into locals (stores into the output could otherwise be taken
- * to change them), and rows that use every column skip the slot lookups. */
+ * to change them), and rows that use every column in order skip the slot lookups. */
 static int csv_row(csv_job *job, Py_ssize_t r)
 {
     const unsigned char *p = job->data[r], *stop = job->data[r] + job->lens[r];
     const Py_ssize_t ncols = job->ncols, last = ncols - 1;
     const Py_ssize_t *slot = job->slot;
     const unsigned char sep = job->sep;
-    const int every = job->nout == ncols;
+    const int every = job->nout == ncols && job->identity;
     const int want_double = job->want_double;
     char *const out = job->out;
     const Py_ssize_t base = r * job->nout;
