@@ -93,6 +93,7 @@ typedef struct {
     const unsigned char **data;
     Py_ssize_t *lens;
     Py_ssize_t *slot; /* column -> output position, -1 unused */
+    int identity;     /* slot[c] == c for every column: every column used, in order */
     unsigned char sep;
     int want_double;
     char *out;
@@ -110,6 +111,7 @@ static int csv_columns(PyObject *usecols_obj, csv_job *job)
         for (Py_ssize_t c = 0; c < job->ncols; c++)
             job->slot[c] = c;
         job->nout = job->ncols;
+        job->identity = 1;
         return 0;
     }
     /* A tuple of our own: an item's __index__ may change the caller's list meanwhile. */
@@ -133,6 +135,9 @@ static int csv_columns(PyObject *usecols_obj, csv_job *job)
         job->slot[c] = k;
     }
     Py_DECREF(cols);
+    job->identity = job->nout == job->ncols;
+    for (Py_ssize_t c = 0; c < job->ncols && job->identity; c++)
+        job->identity = job->slot[c] == c;
     return 0;
 }
 
@@ -163,30 +168,43 @@ static int csv_defer(csv_job *job, Py_ssize_t cell, const unsigned char *p, Py_s
     return 0;
 }
 
-/* Parse row r: NUM_OK, NUM_BAD (not a plain row of ncols numbers) or -1 (out of memory). */
+/* Parse row r: NUM_OK, NUM_BAD (not a plain row of ncols numbers) or -1 (out of memory).
+ * The job's fields are read once into locals (stores into the output could otherwise be taken
+ * to change them), and rows that use every column in order skip the slot lookups. */
 static int csv_row(csv_job *job, Py_ssize_t r)
 {
     const unsigned char *p = job->data[r], *stop = job->data[r] + job->lens[r];
-    for (Py_ssize_t c = 0; c < job->ncols; c++) {
+    const Py_ssize_t ncols = job->ncols, last = ncols - 1;
+    const Py_ssize_t *slot = job->slot;
+    const unsigned char sep = job->sep;
+    const int every = job->nout == ncols && job->identity;
+    const int want_double = job->want_double;
+    char *const out = job->out;
+    const Py_ssize_t base = r * job->nout;
+    for (Py_ssize_t c = 0; c < ncols; c++) {
         const unsigned char *field = p, *fend;
         double value = 0.0;
         int kind = NUM_OK;
-        if (job->slot[c] < 0) { /* an unused column: only find its end */
-            const unsigned char *next = memchr(p, job->sep, (size_t)(stop - p));
+        const Py_ssize_t at = every ? c : slot[c];
+        if (at < 0) { /* an unused column: only find its end */
+            const unsigned char *next = memchr(p, sep, (size_t)(stop - p));
             fend = next ? next : stop;
-        } else if ((kind = parse_decimal(p, stop, job->sep, &value, &fend)) == NUM_BAD) {
+        } else if ((kind = parse_decimal(p, stop, sep, &value, &fend)) == NUM_BAD) {
             return NUM_BAD;
         }
         /* a separator must follow every field but the last, and none the last */
-        if ((fend == stop) != (c == job->ncols - 1))
+        if ((fend == stop) != (c == last))
             return NUM_BAD;
         p = fend + 1;
-        if (job->slot[c] < 0)
+        if (at < 0)
             continue;
-        Py_ssize_t cell = r * job->nout + job->slot[c];
+        Py_ssize_t cell = base + at;
         if (kind == NUM_SLOW && csv_defer(job, cell, field, fend - field) < 0)
             return -1;
-        csv_store(job, cell, value);
+        if (want_double)
+            ((double *)out)[cell] = value;
+        else
+            ((float *)out)[cell] = (float)value;
     }
     return NUM_OK;
 }

@@ -8,7 +8,7 @@ Reading
 the big files otherwise (index files beside them honoured), a compressed file or a single stream
 whole. Each read task iterates its part as an ordinary :class:`~streamio.Dataset`
 (``part.batch(n)``) and turns the decoded numpy batches into Arrow tables with whole-column
-operations, never per-record Python:
+operations, never per-record Python (each batch one chunk of its block, over its own memory):
 
 - a numeric column of one value per record: an Arrow array over the same memory;
 - fixed-shape numeric features (``FixedLen((32,), ...)``): a tensor column (Ray's
@@ -197,7 +197,7 @@ def _read_part(part: Dataset, target_bytes: int, rows_per_block: Optional[int]) 
     """A read task's body: the part's decoded batches as Arrow tables of at most
     ``target_bytes`` and :data:`MAX_BLOCK_ROWS` rows (or ``rows_per_block`` rows). Records
     are decoded :data:`DECODE_ROWS` at a time (larger calls ran slower: their records and
-    arrays no longer fit the caches) and joined once per block."""
+    arrays no longer fit the caches), each batch a chunk of its block (:func:`_block`)."""
     raw = part.decoder is None
     limit = rows_per_block or MAX_BLOCK_ROWS
     step = min(limit, RAW_ROWS if raw else DECODE_ROWS)
@@ -208,10 +208,24 @@ def _read_part(part: Dataset, target_bytes: int, rows_per_block: Optional[int]) 
         rows += len(batch) if raw else _rows(batch)
         size += _nbytes(batch)
         if rows >= limit or size >= target_bytes:
-            yield batch_to_arrow(_join(pending))
+            yield _block(pending)
             pending, rows, size = [], 0, 0
     if pending:
-        yield batch_to_arrow(_join(pending))
+        yield _block(pending)
+
+
+def _block(batches: list) -> "pa.Table":
+    """Decoded batches as one Arrow block: each batch's columns become a chunk, over the
+    batch's own memory (no copy: Ray copies the block into its object store anyway, and a
+    consumer's batches that fall within a chunk are slices of it). Batches whose Arrow types
+    differ (inferred from their values: text or nested objects) are joined into one first."""
+    tables = [batch_to_arrow(batch) for batch in batches]
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return batch_to_arrow(_join(batches))
 
 
 # -- sources that cannot leave this process -----------------------------------------------------

@@ -5,6 +5,10 @@ Writes ``--files`` TFRecord files of ``--records`` ``tf.train.Example`` each (``
 (``--cpus`` logical CPUs, loopback only), measures records/s of:
 
 - streamio in this process (``Dataset(files).batch(4096)``, decoded), the rate Ray is held to;
+- the ratio Ray is judged by: ``--ratio-records`` Examples ``{i: int64, x: float32[8]}`` (1M),
+  ``streamio.ray.read`` with ``iter_batches(batch_size=4096)`` against the same in this process,
+  the two alternating for ``--rounds`` rounds (the median of the rounds' own ratios; target
+  0.5x); ``--ratio-only`` runs this row alone;
 - ``streamio.ray.read(files, decoder=...)`` consumed with ``iter_batches`` at each
   ``--batch-sizes`` (numpy batches; the time includes planning and starting the read tasks);
 - ``ray.data.read_tfrecords`` on the first ``--peer-records`` of them (the tfx-bsl fast path too
@@ -133,8 +137,58 @@ def _recordio_rows(args: argparse.Namespace, tmp: str, rng: np.random.Generator)
             ("RecordIO-protobuf, streamio.ray.read, batch 4096", n_ray, rate, rate / rio_in)]
 
 
+def _example8_path(tmp: str, n: int) -> str:
+    """A file of ``n`` Examples ``{i: int64, x: float32[8]}`` (made once per ``--tmpdir``)."""
+    from ..decoders import encode_example
+    from ..reader import write_records
+
+    path = os.path.join(tmp, f"example8-{n}.tfrecord")
+    if not os.path.exists(path):
+        xs = np.random.default_rng(1).standard_normal((n, 8)).astype(np.float32)
+        write_records(path, "tfrecord", (encode_example({"i": np.int64(k), "x": xs[k]})
+                                         for k in range(n)))
+    return path
+
+
+def _ratio_rows(args: argparse.Namespace, tmp: str) -> list:
+    """streamio.ray.read / in-process on Examples {i, x[8]} at iter_batches(4096): the two
+    alternate (in-process first on even rounds), and the row gives the median of the rounds'
+    own ratios, which a drift in the machine's load skews less than a ratio of medians."""
+    import statistics
+
+    import streamio.ray as sray
+    from ..decoders import Example, FixedLen
+    from ..pipeline import Dataset
+
+    path = _example8_path(tmp, args.ratio_records)
+    decoder = Example({"i": FixedLen((), "int64"), "x": FixedLen((8,), "float32")})
+
+    def inproc() -> int:
+        return sum(len(b["i"]) for b in Dataset(path, "tfrecord", decoder=decoder).batch(4096))
+
+    def through_ray() -> int:
+        ds = sray.read(path, "tfrecord", decoder=decoder, parallelism=args.parallelism)
+        return _count_batches(ds, 4096, "i")
+
+    through_ray()  # the workers' first task imports streamio: not part of any round
+    rates: dict = {"in": [], "ray": [], "ratio": []}
+    for rnd in range(args.rounds):
+        order = (("in", inproc), ("ray", through_ray))
+        for name, fn in order if rnd % 2 == 0 else order[::-1]:
+            n, rate = _rate(fn)
+            assert n == args.ratio_records, (n, args.ratio_records)
+            rates[name].append(rate)
+        rates["ratio"].append(rates["ray"][-1] / rates["in"][-1])
+    med = statistics.median
+    ratios = rates["ratio"]
+    return [("Examples {i, x[8]} in-process, batch 4096", args.ratio_records, med(rates["in"]),
+             1.0),
+            (f"  streamio.ray.read, iter_batches 4096 ({args.rounds} rounds,"
+             f" {min(ratios):.2f}-{max(ratios):.2f})", args.ratio_records, med(rates["ray"]),
+             med(ratios))]
+
+
 def run(args: argparse.Namespace) -> list:
-    import ray
     from ..decoders import Example, FixedLen
     from ..pipeline import Dataset
     from .config import EXAMPLE_FLOATS
@@ -142,6 +196,8 @@ def run(args: argparse.Namespace) -> list:
     rng = np.random.default_rng(0)
     tmp = args.tmpdir or tempfile.mkdtemp(prefix="streamio-bench-ray-")
     os.makedirs(tmp, exist_ok=True)
+    if args.ratio_only:
+        return _with_ray(args, tmp, lambda: _ratio_rows(args, tmp))
     files = [os.path.join(tmp, f"ex-{args.records}-{i:02d}.tfrecord") for i in range(args.files)]
     for path in files:
         if not os.path.exists(path):
@@ -149,21 +205,30 @@ def run(args: argparse.Namespace) -> list:
     decoder = Example({"x": FixedLen((EXAMPLE_FLOATS,), "float32"), "label": FixedLen((), "int64")})
     n, inproc = _rate(lambda: sum(len(b["label"]) for b in
                                   Dataset(files, "tfrecord", decoder=decoder).batch(4096)))
-    rows = [("streamio in-process, batch 4096", n, inproc, 1.0)]
-    ray.init(num_cpus=args.cpus, object_store_memory=args.object_store_mb << 20,
+
+    def rows_in_ray() -> list:
+        return ([("streamio in-process, batch 4096", n, inproc, 1.0)]
+                + _ray_read_rows(args, files, decoder, inproc) + _ratio_rows(args, tmp)
+                + _peer_rows(args, tmp, files, inproc) + _large_rows(args, tmp, rng)
+                + _recordio_rows(args, tmp, rng))
+    return _with_ray(args, tmp, rows_in_ray)
+
+
+def _with_ray(args: argparse.Namespace, tmp: str, rows) -> list:
+    """``rows()`` on a local Ray of ``--cpus`` CPUs (loopback only), shut down after."""
+    import ray
+
+    # address="local": a new Ray of its own, even where another's address file is in /tmp/ray
+    ray.init(address="local", num_cpus=args.cpus, object_store_memory=args.object_store_mb << 20,
              include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        rows += _ray_read_rows(args, files, decoder, inproc)
-        rows += _peer_rows(args, tmp, files, inproc)
-        rows += _large_rows(args, tmp, rng)
-        rows += _recordio_rows(args, tmp, rng)
+        return rows()
     finally:
         ray.shutdown()
         if not args.tmpdir:
             shutil.rmtree(tmp, ignore_errors=True)
-    return rows
 
 
 def _first(path: str, n: int):
@@ -190,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="records for ray.data.read_tfrecords")
     p.add_argument("--large", type=int, default=2000, help="100 KB records")
     p.add_argument("--recordio", type=int, default=200_000, help="RecordIO-protobuf rows")
+    p.add_argument("--ratio-records", type=int, default=1_000_000,
+                   help="Examples {i, x[8]} of the ratio row")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the ratio row (alternating)")
+    p.add_argument("--ratio-only", action="store_true", help="run the ratio row alone")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--object-store-mb", type=int, default=1024)
     p.add_argument("--tmpdir", help="keep the data here (re-used when present)")

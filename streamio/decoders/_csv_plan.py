@@ -26,18 +26,26 @@ class _Plan:
         self.label = label
         self.no_text = all(dtype not in _TEXT for _, _, dtype in outputs)
         self.used = sorted(set(feature_cols) | ({label} if label is not None else set()))
-        self._slot = {c: k for k, c in enumerate(self.used)}
-        dtypes = {c: np.dtype(dtype) for _, cols, dtype in outputs if dtype not in _TEXT
-                  for c in ([cols] if isinstance(cols, int) else cols)}
+        # Where each output's columns are in a fast-path table of the used columns (None: the
+        # whole table, in order): arrays, not dicts, as a row may have a million columns.
+        slot = np.full(len(names), -1, dtype=np.intp)
+        slot[self.used] = np.arange(len(self.used))
+        self._slots = [None if not isinstance(cols, int) and len(cols) == len(self.used)
+                       and np.array_equal(slot[cols], np.arange(len(cols)))
+                       else slot[cols] for _, cols, _ in outputs]
+        kinds = [np.dtype(dtype) for _, cols, dtype in outputs
+                 if dtype not in _TEXT and (isinstance(cols, int) or len(cols))]
         # numpy's C parser takes float and integer columns; bool and text go the general way.
-        self.fast = self.no_text and all(d.kind in "fiu" for d in dtypes.values())
+        self.fast = self.no_text and all(d.kind in "fiu" for d in kinds)
         if not self.fast:
             self.fast_dtype = np.dtype(np.float32)  # unused
-        elif len(set(dtypes.values())) <= 1:
+        elif len(set(kinds)) <= 1:
             # One dtype: a plain 2-D table. Float32 parsing goes through a double in numpy's
             # parser as in Python's float(), so both paths give the same values.
-            self.fast_dtype = next(iter(dtypes.values()), np.dtype(np.float32))
+            self.fast_dtype = kinds[0] if kinds else np.dtype(np.float32)
         else:
+            dtypes = {c: np.dtype(dtype) for _, cols, dtype in outputs
+                      for c in ([cols] if isinstance(cols, int) else cols)}
             self.fast_dtype = np.dtype([(f"c{c}", dtypes[c]) for c in self.used])
 
     def assemble_fast(self, table: np.ndarray) -> Dict[str, np.ndarray]:
@@ -52,15 +60,11 @@ class _Plan:
                         block[:, k] = table[f"c{c}"]
                     out[name] = block
             return out
-        for name, cols, dtype in self.outputs:
-            if isinstance(cols, int):
-                out[name] = np.ascontiguousarray(table[:, self._slot[cols]], dtype=dtype)
+        for (name, cols, dtype), slots in zip(self.outputs, self._slots):
+            if slots is None:
+                out[name] = table.astype(dtype, copy=False)
             else:
-                slots = [self._slot[c] for c in cols]
-                if slots == list(range(table.shape[1])):
-                    out[name] = table.astype(dtype, copy=False)
-                else:
-                    out[name] = np.ascontiguousarray(table[:, slots], dtype=dtype)
+                out[name] = np.ascontiguousarray(table[:, slots], dtype=dtype)
         return out
 
     def empty(self) -> Dict[str, np.ndarray]:

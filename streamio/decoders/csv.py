@@ -25,6 +25,8 @@ import numpy as np
 from ..errors import DecodeError
 from ..errors import UsageError, UsageTypeError
 from ._csv_plan import _TEXT, _fields_per_row_ok, _loadtxt, _Plan
+from ._csv_rows import (DEFAULT_MAX_COLUMNS, TABLE_MIN_BYTES, RowFaults, fixed_width, more_fields_than,
+                        row_index as _row_index, table_budget)
 from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec
@@ -41,6 +43,7 @@ DEFAULT_DELIMITER = ","
 DEFAULT_QUOTECHAR = '"'
 DEFAULT_ENCODING = "utf-8"
 DEFAULT_NA_VALUES = ("",)
+ON_ERROR_CHOICES = ("raise", "skip", "warn")
 LABEL = "label"
 FEATURES = "features"
 
@@ -108,8 +111,19 @@ class Csv:
     * Fields of any length up to the framer's ``max_record_size`` (the csv module's
       ``field_size_limit()`` is neither needed nor changed).
 
-    A value that does not parse, or a row with the wrong number of fields, raises
-    :class:`~streamio.errors.DecodeError` naming the record and the column.
+    * ``max_columns``: a row with more fields is a bad row, found before anything is made per
+      field (a row within ``max_record_size`` may hold 128M one-byte fields; the decoder's
+      working memory is about 200 bytes a column). Fields are never padded to the longest one
+      beyond a bound of the batch's own size, so one long field among many columns costs its
+      length once.
+
+    A value that does not parse, a row with the wrong number of fields or more than
+    ``max_columns``, or a row that is not valid CSV or text is a bad row: ``on_error="raise"``
+    (default) raises :class:`~streamio.errors.DecodeError` naming the source, the record and the
+    column; ``"skip"`` drops the row from its batch (which is then shorter) and counts it in the
+    epoch's ``stats()`` (``skipped_records``, ``decoder_skipped``, and by column in
+    ``decoder_skipped_fields``); ``"warn"`` also warns (``StreamioWarning``) with that error. A
+    bad header, or options that do not fit the columns, always raise.
     """
 
     def __init__(self, *, header: bool = False, label_column: Optional[Column] = None,
@@ -117,7 +131,8 @@ class Csv:
                  dtype: Union[Any, Mapping[Column, Any]] = DEFAULT_DTYPE,
                  as_columns: bool = False, delimiter: str = DEFAULT_DELIMITER,
                  quotechar: Optional[str] = DEFAULT_QUOTECHAR, encoding: str = DEFAULT_ENCODING,
-                 na_values: Sequence[str] = DEFAULT_NA_VALUES) -> None:
+                 na_values: Sequence[str] = DEFAULT_NA_VALUES,
+                 max_columns: int = DEFAULT_MAX_COLUMNS, on_error: str = "raise") -> None:
         if not isinstance(header, bool):
             raise UsageTypeError(f"header must be True or False, not {header!r}")
         if not isinstance(as_columns, bool):
@@ -167,9 +182,16 @@ class Csv:
         for value in na_values:
             if not isinstance(value, str):
                 raise UsageTypeError(f"na_values must hold str, not {value!r}")
+        if isinstance(max_columns, bool) or not isinstance(max_columns, int):
+            raise UsageTypeError(f"max_columns must be an int, not {max_columns!r}")
+        if max_columns < 1:
+            raise UsageError(f"max_columns must be positive, not {max_columns}")
+        if on_error not in ON_ERROR_CHOICES:
+            raise UsageError(f"on_error must be one of {ON_ERROR_CHOICES}, not {on_error!r}")
         self._options = dict(header=header, label_column=label_column, columns=columns,
                              dtype=dtype_option, as_columns=as_columns, delimiter=delimiter,
-                             quotechar=quotechar, encoding=encoding, na_values=na_values)
+                             quotechar=quotechar, encoding=encoding, na_values=na_values,
+                             max_columns=max_columns, on_error=on_error)
         self.header = header
         self.label_column = label_column
         self.columns = columns
@@ -179,6 +201,8 @@ class Csv:
         self.quotechar = quotechar
         self.encoding = encoding
         self.na_values = na_values
+        self.max_columns = max_columns
+        self.on_error = on_error
         self._delimiter_byte = delimiter.encode("ascii")
         self._quote_byte = None if quotechar is None else quotechar.encode("ascii")
         self._na_set = frozenset(na_values)
@@ -242,6 +266,9 @@ class Csv:
         where = _Where(source, first_index)
         rows = list(records)
         positions: Optional[np.ndarray] = None  # batch row -> index in records, once rows are dropped
+        wide = self._too_wide(rows)
+        if wide:
+            rows, positions = self._drop_wide(rows, wide, where)
         joined = b"\n".join(rows)
         bom: Optional[List[bool]] = None  # which rows began with a BOM (a file's first row)
         if _BOM in joined or b"\r" in joined:
@@ -254,9 +281,9 @@ class Csv:
                 if not rows:
                     return {}
                 self._take_header(rows[0], where)
+                positions = (np.arange(len(rows)) if positions is None else positions)[1:]
                 rows = rows[1:]
                 bom = bom[1:] if bom is not None else None
-                positions = np.arange(1, len(records))
                 joined = b"\n".join(rows)
             if rows and self._header_row in joined:
                 # A row equal to the header is a repeated header (files concatenated into one
@@ -291,7 +318,26 @@ class Csv:
             result = self._fast(rows, joined, plan)
             if result is not None:
                 return result
-        return self._general(rows, plan, where, positions, quoted)
+        return self._general(rows, plan, where, positions, quoted, self.on_error)
+
+    def _too_wide(self, rows: List[bytes]) -> List[int]:
+        """The rows with more than ``max_columns`` fields (only a row at least that long can)."""
+        limit = self.max_columns
+        if max(map(len, rows), default=0) < limit:
+            return []
+        return [k for k, row in enumerate(rows) if len(row) >= limit and more_fields_than(
+            row, self._delimiter_byte, self._quote_byte, limit)]
+
+    def _drop_wide(self, rows: List[bytes], wide: List[int], where: _Where
+                   ) -> Tuple[List[bytes], np.ndarray]:
+        """Raise for the first row over ``max_columns``, or drop them all; ``(rows, positions)``.
+        A header over the limit always raises: no row could be read without it."""
+        on_error = "raise" if self.header and self._header_row is None and wide[0] == 0 else self.on_error
+        faults = RowFaults(on_error, where, None)
+        for k in wide:
+            faults.fault(f"row has more than max_columns={self.max_columns} fields", k, None)
+        keep = faults.keep(len(rows))
+        return [row for row, kept in zip(rows, keep) if kept], np.flatnonzero(keep)
 
     def _header_may_be_data(self, where: _Where, positions: Optional[np.ndarray]) -> bool:
         """Whether the header row decodes as a data row (its values parse as the columns')."""
@@ -408,15 +454,18 @@ class Csv:
                 out = out + b"nan"
         return out, out != joined
 
-    def _split_rows(self, rows: List[bytes], where: _Where, positions: Optional[np.ndarray]
-                    ) -> List[List[str]]:
-        """Fields of each row as str (the csv module: RFC 4180 quoting)."""
+    def _split_rows(self, rows: List[bytes], where: _Where, positions: Optional[np.ndarray],
+                    faults: Optional[RowFaults] = None) -> List[Optional[List[str]]]:
+        """Fields of each row as str (the csv module: RFC 4180 quoting); None for a row that
+        ``faults`` drops."""
+        faults = faults or RowFaults("raise", where, positions)
         texts = []
         for k, row in enumerate(rows):
             try:
                 texts.append(row.decode(self.encoding))
             except UnicodeDecodeError as exc:
-                raise self._undecodable(row, exc, where, _row_index(positions, k)) from None
+                faults.reject(self._undecodable(row, exc, where, _row_index(positions, k)), k)
+                texts.append("")
         # The csv module refuses fields over its process-wide field_size_limit() (131,072
         # characters by default); raising it would change it for the user's whole process, so
         # rows long enough to hold such a field are split by _split_long_row instead.
@@ -439,12 +488,14 @@ class Csv:
                         fields = list(_csv.reader([text], **self._csv_options))
                 except _csv.Error as exc:
                     reason = ("a quoted field is not closed" if "end of data" in str(exc) else str(exc))
-                    raise where.error(f"row is not valid CSV: {reason}", _row_index(positions, k),
-                                      None) from None
+                    faults.fault(f"row is not valid CSV: {reason}", k, None)
+                    fields = [None]
                 if len(fields) != 1:
-                    raise where.error("row is not valid CSV: a quoted field is not closed",
-                                      _row_index(positions, k), None)
+                    faults.fault("row is not valid CSV: a quoted field is not closed", k, None)
+                    fields = [None]
                 parsed.append(fields[0])
+        for k in faults.bad:
+            parsed[k] = None
         return parsed
 
     def _split_long_row(self, text: str) -> List[str]:
@@ -509,45 +560,60 @@ class Csv:
                            " (pass encoding= for other text encodings)", index, field)
 
     def _general(self, rows: List[bytes], plan: "_Plan", where: _Where,
-                 positions: Optional[np.ndarray], quoted: bool) -> Dict[str, np.ndarray]:
+                 positions: Optional[np.ndarray], quoted: bool, on_error: str = "raise"
+                 ) -> Dict[str, np.ndarray]:
+        faults = RowFaults(on_error, where, positions)
         ncols = len(plan.names)
         if not quoted and plan.no_text:
             # No quotes: a plain split is exact, and numbers need no decoding.
-            fields_per_row: List[List[Any]] = [row.split(self._delimiter_byte) for row in rows]
+            fields_per_row: List[Any] = [row.split(self._delimiter_byte) for row in rows]
             na = frozenset(value.encode(self.encoding) for value in self.na_values)
+            filler: List[Any] = [b"0"] * ncols  # stands in for a dropped row's fields
         else:
-            fields_per_row = self._split_rows(rows, where, positions)
+            fields_per_row = self._split_rows(rows, where, positions, faults)
             na = self._na_set
+            filler = ["0"] * ncols
+            if faults.bad:
+                fields_per_row = [filler if f is None else f for f in fields_per_row]
         lengths = np.fromiter(map(len, fields_per_row), dtype=np.int64, count=len(fields_per_row))
-        wrong = lengths != ncols
-        if wrong.any():
-            k = int(np.argmax(wrong))
+        for k in np.flatnonzero(lengths != ncols).tolist():
             n = int(lengths[k])
             field = plan.names[n] if n < ncols else f"c{ncols} (beyond the last column)"
-            raise where.error(f"row has {n} fields, expected {ncols}", _row_index(positions, k), field)
-        table = np.array(fields_per_row)
-        if table.ndim != 2:  # no columns at all
+            faults.fault(f"row has {n} fields, expected {ncols}", k, field)
+            fields_per_row[k] = filler
+        # One table of every field, unless one long field would pad every cell to its length:
+        # then column by column, long fields apart.
+        table = fixed_width(fields_per_row, table_budget(rows)) if ncols else None
+        if table is not None and table.ndim != 2:  # no columns at all
             table = np.empty((len(rows), ncols), dtype="S1")
+
+        def column(c: int) -> Any:
+            return table[:, c] if table is not None else [f[c] for f in fields_per_row]
+
         out: Dict[str, np.ndarray] = {}
         for name, cols, dtype in plan.outputs:
             if isinstance(cols, int):
-                out[name] = self._convert(table[:, cols], dtype, [plan.names[cols]], na, where,
-                                          positions)
-            elif dtype in _TEXT:
-                block = np.empty((len(rows), len(cols)), dtype=object)
+                out[name] = self._convert(column(cols), dtype, [plan.names[cols]], na, faults)
+            elif dtype in _TEXT or table is None:
+                block = np.empty((len(rows), len(cols)), dtype=object if dtype in _TEXT else dtype)
                 for k, c in enumerate(cols):
-                    block[:, k] = self._convert(table[:, c], dtype, [plan.names[c]], na, where, positions)
+                    block[:, k] = self._convert(column(c), dtype, [plan.names[c]], na, faults)
                 out[name] = block
             else:  # one conversion for the whole block
                 out[name] = self._convert(table[:, cols], dtype, [plan.names[c] for c in cols], na,
-                                          where, positions)
+                                          faults)
+        keep = faults.keep(len(rows))
+        if keep is not None:
+            out = {name: values[keep] for name, values in out.items()}
         return out
 
-    def _convert(self, column: np.ndarray, dtype: str, names: List[str], na: frozenset,
-                 where: _Where, positions: Optional[np.ndarray]) -> np.ndarray:
-        """Convert a column ``(B,)`` or a block ``(B, len(names))`` of fields to ``dtype``."""
+    def _convert(self, column: Any, dtype: str, names: List[str], na: frozenset,
+                 faults: RowFaults, rows: Optional[List[int]] = None) -> np.ndarray:
+        """Convert a column ``(B,)`` (an array, or a list of fields) or a block ``(B,
+        len(names))`` of fields to ``dtype``; a bad value is a fault of its row (``rows[i]``
+        for element row ``i``, if given). A dropped row's value is a stand-in."""
         if dtype in _TEXT:
-            values = column.tolist()
+            values = column.tolist() if isinstance(column, np.ndarray) else column
             if dtype == "str":
                 values = [v.decode(self.encoding) if isinstance(v, bytes) else v for v in values]
             else:
@@ -555,50 +621,66 @@ class Csv:
             arr = np.empty(len(values), dtype=object)
             arr[:] = values
             return arr
+        if isinstance(column, list):
+            return self._convert_list(column, dtype, names, na, faults)
         target = np.dtype(dtype)
 
-        def fail(message: str, flat_index: int) -> DecodeError:
+        def fail(message: str, flat_index: int) -> None:
             row, col = divmod(flat_index, len(names)) if column.ndim == 2 else (flat_index, 0)
-            return where.error(message, _row_index(positions, row), names[col])
+            faults.fault(message, row if rows is None else rows[row], names[col])
 
         if target.kind in "iuf":
-            bad = _first_non_number_text(column)
-            if bad >= 0:
-                value = column.ravel()[bad].item()
-                raise fail(f"{self._text(value)!r} is not a valid {dtype} value in column"
-                           f" {names[bad % len(names)]!r} (numbers are ASCII, as numpy and pandas"
-                           " read them)", bad)
+            bad = _non_number_text(column)
+            if bad is not None:
+                for k in np.flatnonzero(bad).tolist():  # raising: at the first
+                    fail(f"{self._text(column.ravel()[k].item())!r} is not a valid {dtype} value in"
+                         f" column {names[k % len(names)]!r} (numbers are ASCII, as numpy and"
+                         " pandas read them)", k)
+                column = _stand_in(column, bad)
         if na:
             missing = np.isin(column, list(na))
             if missing.any():
                 if target.kind != "f":
-                    k = int(np.argmax(missing.ravel()))
-                    raise fail(f"missing value {self._text(column.ravel()[k].item())!r} in {dtype}"
-                               f" column {names[k % len(names)]!r}", k)
-                # wide enough for "nan" (an S1 column would truncate it)
-                column = column.astype(np.promote_types(column.dtype, column.dtype.kind + "3"))
-                column[missing] = "nan"
-        try:
-            if target.kind == "b":
-                return _to_bool(column)
-            # A number beyond float32's range is inf, as in np.loadtxt and the C kernel, with
-            # no "overflow encountered in cast" warning (np.errstate is thread-local).
-            with np.errstate(over="ignore", invalid="ignore"):
-                return column.astype(target)
-        except (ValueError, OverflowError, UnicodeError):
-            pass
-        # Find the first value that does not convert, for the message.
-        for k, value in enumerate(column.ravel().tolist()):
-            try:
-                if target.kind == "b":
-                    _to_bool(np.array([value]))
+                    for k in np.flatnonzero(missing.ravel()).tolist():
+                        fail(f"missing value {self._text(column.ravel()[k].item())!r} in {dtype}"
+                             f" column {names[k % len(names)]!r}", k)
+                    column = _stand_in(column, missing.ravel())
                 else:
-                    with np.errstate(over="ignore", invalid="ignore"):
-                        np.array([value]).astype(target)
-            except (ValueError, OverflowError, UnicodeError):
-                raise fail(f"{self._text(value)!r} is not a valid {dtype} value in column"
-                           f" {names[k % len(names)]!r}", k) from None
-        raise where.error(f"columns {names!r} do not convert to {dtype}", None, names[0])
+                    # wide enough for "nan" (an S1 column would truncate it)
+                    column = column.astype(np.promote_types(column.dtype, column.dtype.kind + "3"))
+                    column[missing] = "nan"
+        converted = _as_dtype(column, target)
+        if converted is not None:
+            return converted
+        # Find the values that do not convert (the first, when raising), for the message.
+        bad = np.zeros(column.size, dtype=bool)
+        for k, value in enumerate(column.ravel().tolist()):
+            if _as_dtype(np.array([value]), target) is None:
+                fail(f"{self._text(value)!r} is not a valid {dtype} value in column"
+                     f" {names[k % len(names)]!r}", k)
+                bad[k] = True
+        converted = _as_dtype(_stand_in(column, bad), target) if bad.any() else None
+        if converted is None:
+            raise faults.where.error(f"columns {names!r} do not convert to {dtype}", None, names[0])
+        return converted
+
+    def _convert_list(self, values: List[Any], dtype: str, names: List[str], na: frozenset,
+                      faults: RowFaults) -> np.ndarray:
+        """One numeric column given as a list of fields: in one fixed-width array where that is
+        small, else the long fields one by one (a long field costs its own length once)."""
+        array = fixed_width(values, TABLE_MIN_BYTES)
+        if array is not None:
+            return self._convert(array, dtype, names, na, faults)
+        longest = max(1, TABLE_MIN_BYTES // (4 * len(values)))
+        long = [k for k, value in enumerate(values) if len(value) > longest]
+        short = list(values)
+        stand_in = b"0" if isinstance(values[0], bytes) else "0"
+        for k in long:
+            short[k] = stand_in
+        out = self._convert(np.array(short), dtype, names, na, faults)
+        for k in long:
+            out[k] = self._convert(np.array([values[k]]), dtype, names, na, faults, [k])[0]
+        return out
 
     def _text(self, value: Any) -> Any:
         """A field as the user wrote it: decoded if it decodes, else the raw bytes."""
@@ -610,17 +692,37 @@ class Csv:
         return value
 
 
-def _first_non_number_text(column: np.ndarray) -> int:
-    """Index (in ``column.ravel()``) of the first value that holds a non-ASCII character or an
-    underscore, or -1. Python's ``float()`` (which numpy's ``astype`` uses on text) reads
-    ``"１２"``, ``"١"`` and ``"1_0"``; ``np.loadtxt``, pandas and the C kernel do not: a number is
-    ASCII, whichever path its batch takes."""
+def _non_number_text(column: np.ndarray) -> Optional[np.ndarray]:
+    """Which values (of ``column.ravel()``) hold a non-ASCII character or an underscore, or None
+    if none does. Python's ``float()`` (which numpy's ``astype`` uses on text) reads ``"１２"``,
+    ``"١"`` and ``"1_0"``; ``np.loadtxt``, pandas and the C kernel do not: a number is ASCII,
+    whichever path its batch takes."""
     flat = np.ascontiguousarray(column.ravel())
     if not flat.size or flat.dtype.kind not in "SU" or not flat.dtype.itemsize:
-        return -1
+        return None
     codes = flat.view(np.uint32 if flat.dtype.kind == "U" else np.uint8).reshape(flat.size, -1)
     bad = ((codes > 127) | (codes == ord("_"))).any(axis=1)
-    return int(np.argmax(bad)) if bad.any() else -1
+    return bad if bad.any() else None
+
+
+def _stand_in(column: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """A copy of ``column`` with "0" for the values ``bad`` marks (flat): their rows are dropped."""
+    out = column.copy()
+    out.reshape(-1)[bad] = b"0" if out.dtype.kind == "S" else "0"
+    return out
+
+
+def _as_dtype(column: np.ndarray, target: np.dtype) -> Optional[np.ndarray]:
+    """``column`` (text) as ``target``, or None if a value does not convert."""
+    try:
+        if target.kind == "b":
+            return _to_bool(column)
+        # A number beyond float32's range is inf, as in np.loadtxt and the C kernel, with
+        # no "overflow encountered in cast" warning (np.errstate is thread-local).
+        with np.errstate(over="ignore", invalid="ignore"):
+            return column.astype(target)
+    except (ValueError, OverflowError, UnicodeError):
+        return None
 
 
 _TRUE = frozenset(["1", "true", "True", "TRUE", b"1", b"true", b"True", b"TRUE"])
@@ -646,7 +748,3 @@ def _clean(row: bytes) -> bytes:
     if row.endswith(b"\r"):  # a CRLF terminator the framer left half of
         row = row[:-1]
     return row
-
-
-def _row_index(positions: Optional[np.ndarray], k: int) -> int:
-    return k if positions is None else int(positions[k])

@@ -412,6 +412,18 @@ def parse_index_seeds(rng: random.Random) -> List[bytes]:
     return out
 
 
+def csv_rows_seeds(rng: random.Random) -> List[bytes]:
+    """Rows of three columns, good and bad: ragged, not numbers, quotes closed, doubled and left
+    open, bytes that are not UTF-8, missing values, rows wider than max_columns."""
+    fields = [b"1", b"-2.5", b"", b"x", b'"3"', b'"4,5"', b'"6', b"\xff", b"1e3", b" 7 ", b'"a""b"']
+    seeds = []
+    for _ in range(30):
+        rows = [b",".join(rng.choice(fields) for _ in range(rng.choice([1, 2, 3, 3, 3, 4, 9])))
+                for _ in range(rng.randint(1, 12))]
+        seeds.append(T.encode_csv_rows(rows, limit=rng.randint(3, 8), dtype=rng.randrange(3)))
+    return seeds
+
+
 def shared_wire_seeds(rng: random.Random) -> List[bytes]:
     """Both directions of the shared stream: hellos, requests and goodbyes; blocks, an END and
     errors as the dealer writes them (one with a pickle where JSON belongs)."""
@@ -531,6 +543,7 @@ SEEDS = {
     "find_sync": find_sync_seeds,
     "resample": resample_seeds,
     "parse_index": parse_index_seeds,
+    "csv_rows": csv_rows_seeds,
     "shared_wire": shared_wire_seeds,
     "resume_state": resume_state_seeds,
     "cache_file": cache_file_seeds,

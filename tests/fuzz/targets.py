@@ -812,6 +812,63 @@ def run_parse_index(ck: ModuleType, data: bytes) -> None:
     expect_equal("offsets read again", again.offsets, index.offsets)
     expect_equal("lengths read again", again.lengths if index.offsets else None,
                  index.lengths if index.offsets else None)
+# --- the CSV decoder's bad rows (no kernel) --------------------------------------------------------
+def encode_csv_rows(rows: Sequence[bytes], *, limit: int = 4, dtype: int = 0) -> bytes:
+    """Input: ``max_columns u8 | dtype u8 (0 float32, 1 int64, 2 str in column 1) | rows``."""
+    return bytes([limit & 0xFF, dtype & 0xFF]) + pack_records(rows)
+
+
+def _csv_outcome(decode: Callable[[], Any]) -> tuple:
+    from streamio.errors import DecodeError
+
+    try:
+        out = decode()
+    except DecodeError as exc:
+        return ("error", str(exc), exc.record_index, exc.field)
+    return ("columns", {name: (value.dtype.str, value.shape, value.tolist() if value.dtype == object
+                               else value.tobytes()) for name, value in sorted(out.items())})
+
+
+def run_csv_rows(ck: ModuleType, data: bytes) -> None:
+    """No kernel: a batch of CSV rows (any bytes) under ``Csv(on_error="skip")`` gives exactly
+    the rows that decode one by one (a decoder primed with three columns, ``max_columns`` from
+    the input), and counts the rest; ``"raise"`` gives columns or a DecodeError, nothing else;
+    ``more_fields_than`` agrees with the csv module on every row it can split."""
+    import csv
+
+    from streamio.decoders import Csv
+    from streamio.decoders._csv_rows import more_fields_than
+    from streamio.decoders.skips import counting_skips
+
+    inp = Input(data)
+    limit = max(3, inp.byte())
+    kind = inp.byte() % 3
+    rows = inp.records()[:64]
+    options = dict(max_columns=limit, as_columns=True,
+                   dtype={1: ("float32", "int64", "str")[kind]})
+
+    def primed(**more: Any) -> Any:
+        decoder = Csv(**options, **more)
+        decoder.decode_batch([b"0,0,0"])
+        return decoder
+
+    good = [row for row in rows if _csv_outcome(lambda: primed().decode_batch([row]))[0] != "error"]
+    _csv_outcome(lambda: primed().decode_batch(rows))  # raises nothing but a DecodeError
+    with counting_skips() as skipped:
+        got = _csv_outcome(lambda: primed(on_error="skip").decode_batch(rows))
+    expect_equal("skip vs the good rows alone", got,
+                 _csv_outcome(lambda: primed().decode_batch(good)))
+    expect_equal("rows skipped", sum(skipped.values()), len(rows) - len(good))
+    for row in rows:
+        try:
+            fields = list(csv.reader([row.decode("latin-1")], strict=True))
+        except csv.Error:
+            continue
+        if len(fields) == 1:
+            expect_equal("more_fields_than", more_fields_than(row, b",", b'"', limit),
+                         len(fields[0]) > limit)
+
+
 # --- pure-Python parsers of hostile bytes: the shared stream's wire protocol --------------------
 
 def encode_shared_wire(stream: bytes, *, to_dealer: bool = False, seed: int = 0) -> bytes:
@@ -1078,6 +1135,8 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
                            "streamio.formats.recordio", "streamio.formats._recordio_sync")),
     Target("resample", ("resample",), run_resample, ("streamio.decoders._resample",)),
     Target("parse_index", (), run_parse_index, ("streamio.formats.index_file",)),
+    # No kernel: the CSV decoder's bad rows and row widths (on_error, max_columns).
+    Target("csv_rows", (), run_csv_rows, ("streamio.decoders.csv", "streamio.decoders._csv_rows")),
     # No kernel: a parser of bytes another process writes (always instrumented for coverage).
     Target("shared_wire", (), run_shared_wire, ("streamio.sharing._wire",)),
     # No kernel: a checkpoint's resume state (JSON a restarted job reads back).

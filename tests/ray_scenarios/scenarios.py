@@ -172,6 +172,30 @@ def test_varlen_and_bytes_columns(tmp_path):
     assert [r["s"] for r in rows] == [b"k%d" % i for i in range(500)]
 
 
+def test_blocks_of_several_decoded_batches(tmp_path):
+    """A block holds several decoded batches (16,384 rows each) as Arrow chunks: the values,
+    VarLen lengths (padded to each batch's own longest) and tensors come out as decoded."""
+    n = 40_000
+    records = [encode_example({"x": np.full(8, i, dtype=np.float32), "y": i,
+                               "v": list(range(1 + (i % 3 if i < 20_000 else i % 5)))})
+               for i in range(n)]
+    write_records(tmp_path / "b.tfrecord", "tfrecord", records)
+    dec = Example({"x": FixedLen((8,), "float32"), "y": FixedLen((), "int64"),
+                   "v": VarLen("int64")})
+    ds = sray.read(str(tmp_path / "b.tfrecord"), "tfrecord", decoder=dec, rows_per_block=n,
+                   parallelism=1)
+    batches = list(ds.iter_batches(batch_size=4096, batch_format="numpy"))
+    y = np.concatenate([b["y"] for b in batches])
+    np.testing.assert_array_equal(y, np.arange(n))
+    x = np.concatenate([b["x"] for b in batches])
+    assert x.shape == (n, 8) and (x == y[:, None]).all()
+    lengths = np.concatenate([b["v_len"] for b in batches])
+    want = [1 + (i % 3 if i < 20_000 else i % 5) for i in range(n)]
+    np.testing.assert_array_equal(lengths, want)
+    values = [list(v) for b in batches for v in b["v"]]
+    assert values == [list(range(k)) for k in want]
+
+
 def test_recordio_protobuf(tmp_path):
     features = np.arange(600, dtype=np.float32).reshape(200, 3)
     streamio.write_recordio_protobuf(tmp_path / "p.rec", features, np.arange(200.0))
