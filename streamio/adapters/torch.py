@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.context
 import os
 import secrets
 import time
@@ -95,6 +96,7 @@ from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sharing import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
 from ..sources import PipeChannel
 from . import check_splittable, is_single_stream, source_groups
+from ._torch_bound import BoundSources
 from ._torch_device import (DEFAULT_DEPTH, DEFAULT_EVEN_BATCHES, DevicePrefetcher, even_batches,
                             to_device)
 from ._torch_transport import _for_transport, convert_batch
@@ -309,6 +311,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
                                 if isinstance(s, PipeChannel)}
         self._epoch = _EpochCounter()
         self._worker_stats = _WorkerStats()
+        # stdin, file objects, ByteSources: read by one worker, once (see _torch_bound).
+        self._bound = BoundSources(tuple(dataset.sources))
         # Names the dealer socket of a shared stream: the same in every worker copy of this
         # object, different from any other StreamDataset's.
         self._share_token = secrets.token_hex(8)
@@ -328,6 +332,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict:
         # Pickled in the main process when a spawn/forkserver DataLoader starts its workers: the
         # process group is known here but not in the new interpreter, so carry (rank, world).
+        if multiprocessing.context.get_spawning_popen() is not None:
+            self._bound.check_spawn()  # pickled for a spawned DataLoader worker
         state = self.__dict__.copy()
         state["_parent_group"] = _process_group() or self._parent_group
         state["_last"] = None
@@ -615,6 +621,11 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._iterator = None
         ds = self.plan(epoch=epoch, rank=rank, world_size=world_size, worker=worker,
                        num_workers=num_workers)
+        if info is None:
+            self._bound.note_main(ds.sources, epoch)
+        else:
+            reads = self._reads(ds, world_size * num_workers, worker)
+            self._bound.adopt(reads, worker)
         resume = None if pending is None else pending[1]
         if isinstance(resume, _Gathered):
             resume = self._elastic_state(resume, epoch, rank, world_size, worker, num_workers)
@@ -628,7 +639,15 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._last = ds
         if info is None:
             return self._generate(ds, pin)
-        return self._generate_in_worker(ds, worker)
+        return self._generate_in_worker(ds, worker, reads, epoch)
+
+    def _reads(self, ds: Any, readers: int, worker: int) -> tuple:
+        """The sources this DataLoader worker opens: a shared stream's, in worker 0 (its
+        dealer); otherwise its plan's."""
+        sources = tuple(self.dataset.sources)
+        if readers > 1 and _must_share(sources, readers):
+            return sources if worker == 0 else ()
+        return tuple(ds.sources)
 
     def _generate(self, ds: Any, pin: bool) -> Iterator[Any]:
         iterator = iter(ds)
@@ -643,9 +662,12 @@ class StreamDataset(torch.utils.data.IterableDataset):
             if close is not None:
                 close()
 
-    def _generate_in_worker(self, ds: Any, worker: int) -> Iterator[Any]:
+    def _generate_in_worker(self, ds: Any, worker: int, reads: tuple = (),
+                            epoch: int = 0) -> Iterator[Any]:
         """The worker's share, publishing its stats for the main process as it goes and when it
-        ends (before the DataLoader learns that this worker is done)."""
+        ends (before the DataLoader learns that this worker is done). At its first item (or
+        its end) it learns whether its epoch opened the sources, and marks the ones bound to
+        the main process (:mod:`._torch_bound`): an epoch that read one again is refused."""
         iterator = iter(ds)
         self._iterator = iterator if hasattr(iterator, "state_dict") else None
         stats = getattr(ds, "epoch_stats", None)
@@ -655,12 +677,23 @@ class StreamDataset(torch.utils.data.IterableDataset):
         board = self._worker_stats
         clock = time.monotonic
         published = clock()
+        marked = not reads
         try:
             for batch in iterator:
+                if not marked:
+                    marked = True
+                    if stats.sources_opened:
+                        self._bound.opened(reads, epoch)
                 if clock() - published >= STATS_INTERVAL_S:
                     board.publish(worker, stats.started_at, stats.snapshot())
                     published = clock()
                 yield _for_transport(convert_batch(batch))
+            if not marked and stats.sources_opened:
+                self._bound.opened(reads, epoch)
+        except BaseException:
+            if not marked and stats.sources_opened:
+                self._bound.opened(reads, epoch, refuse=False)  # partly read: never again
+            raise
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
