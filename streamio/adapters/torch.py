@@ -97,6 +97,7 @@ from ..sharing import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
 from ..sources import PipeChannel
 from . import check_splittable, is_single_stream, source_groups
 from ._torch_bound import BoundSources
+from ._torch_usage import UsageChecks
 from ._torch_device import (DEFAULT_DEPTH, DEFAULT_EVEN_BATCHES, DevicePrefetcher, even_batches,
                             to_device)
 from ._torch_transport import _for_transport, convert_batch
@@ -313,6 +314,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._worker_stats = _WorkerStats()
         # stdin, file objects, ByteSources: read by one worker, once (see _torch_bound).
         self._bound = BoundSources(tuple(dataset.sources))
+        self._checks = UsageChecks()  # DataLoader set-ups that silently misbehave, said once
+        self._ran_here = False  # this process ran an epoch of this object (see _torch_usage)
         # Names the dealer socket of a shared stream: the same in every worker copy of this
         # object, different from any other StreamDataset's.
         self._share_token = secrets.token_hex(8)
@@ -606,6 +609,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
+        self._checks.check_collation(self.dataset)
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         explicit = None if self.rank is None else (self.rank, self.world_size)
         rank, world_size = _distributed(explicit, self._parent_group)
@@ -617,6 +621,9 @@ class StreamDataset(torch.utils.data.IterableDataset):
         else:
             epoch = pending[0] if pending is not None else self._epoch.take(num_workers)
         self._started_epoch = epoch
+        if info is not None:
+            self._checks.check_worker_epoch(self.dataset, epoch, self._ran_here)
+            self._ran_here = True
         self._place = [rank, world_size, worker, num_workers]
         self._iterator = None
         ds = self.plan(epoch=epoch, rank=rank, world_size=world_size, worker=worker,

@@ -199,6 +199,12 @@ class Dataset:
         return None
 
     @property
+    def stages(self) -> tuple:
+        """The stages after the sources, in order (each a
+        :class:`~streamio.pipeline.stages.Stage`): what adapters ask about the chain."""
+        return self._stages
+
+    @property
     def maps_items(self) -> bool:
         """Whether a :meth:`map` changes what the items are (adapters then learn their types
         from the first item rather than from the decoder)."""
