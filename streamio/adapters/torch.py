@@ -256,7 +256,7 @@ class _WorkerStats:
         newest = rows[np.argmax(rows[:, 0])]
         rows = rows[(rows[:, 2] == newest[2]) & (rows[:, 0] > newest[0] - _EPOCH_START_SPREAD_S)]
         snapshots = []
-        for row in rows:
+        for row in rows.tolist():  # plain floats, not numpy scalars (stats() prints them)
             snap: dict = {"epoch": int(row[2]), "first_batch_s": None if row[3] < 0 else row[3],
                           "finished": bool(row[4])}
             for key, value in zip(_NUMERIC_KEYS, row[5:]):

@@ -19,6 +19,8 @@ pytest.importorskip("torch")
 from conftest import SCRIPTS  # noqa: E402
 from support.examples import write_id_parts  # noqa: E402
 
+from streamio import Dataset  # noqa: E402
+
 TIMEOUT = 180
 
 
@@ -47,6 +49,23 @@ def test_batch_size_none_says_nothing(parts):
     epochs, err = run(parts, "none", 2)
     assert epochs[0]["shapes"][-1] == [64, 4]
     assert "StreamioWarning" not in err
+
+
+def test_stats_of_epochs_read_by_workers_are_plain_numbers(parts):
+    epochs, _ = run(parts, "none", 2)
+    for epoch in epochs:
+        assert set(epoch["types"]) <= {"int", "float", "bool", "dict", "NoneType"}, epoch
+        assert "np." not in epoch["repr"] and "numpy" not in epoch["repr"]
+
+
+def test_to_torch_docstring_lists_every_option():
+    import inspect
+
+    from streamio.adapters.torch import to_torch
+
+    doc = Dataset.to_torch.__doc__
+    options = [name for name in inspect.signature(to_torch).parameters if name != "dataset"]
+    assert options and all(f"``{name}" in doc for name in options), (options, doc)
 
 
 def test_a_memory_cache_lost_with_each_epochs_workers_is_said_once(parts):

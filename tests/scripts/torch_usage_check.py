@@ -32,7 +32,11 @@ def main() -> None:
     epochs = []
     for _ in range(3):
         shapes = sorted({tuple(batch["x"].shape) for batch in loader})
-        epochs.append({"shapes": shapes, "sources_opened": ds.stats()["sources_opened"]})
+        stats = ds.stats()
+        epochs.append({"shapes": shapes, "sources_opened": stats["sources_opened"],
+                       # stats() of an epoch read by workers: plain Python values
+                       "types": sorted({type(v).__name__ for v in stats.values()}),
+                       "repr": repr(stats)})
     json.dump(epochs, sys.stdout)
 
 
