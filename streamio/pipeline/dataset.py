@@ -92,7 +92,9 @@ class Dataset:
       files they index, skipped), or a list of these, read in order, one source open at a time;
     - ``format``: ``"tfrecord"``, ``"recordio"``, ``"csv"``, ``"lines"``;
     - ``decoder``: turns each batch of records into a dict of numpy arrays (``batch()``);
-      without one (or without ``batch()``) items are raw records, and a batch is a ``list``;
+      without ``batch()`` each item is one record decoded (a dict of that record's row of each
+      field, :mod:`streamio.pipeline.items`); without a decoder items are raw records, and a
+      batch is a ``list``;
     - ``reader_options``: passed to :class:`~streamio.RecordReader` (``compression``,
       ``verify``, ``on_error``, ``multipart``, ``max_record_size``, ``read_size``,
       ``read_timeout``, format options). Checked now; the sources are opened only when an epoch
