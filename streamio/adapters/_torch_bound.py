@@ -30,7 +30,7 @@ import multiprocessing
 import os
 import pickle
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from ..errors import UsageError
 from ..sources import ByteSource, PipeChannel, source_name
@@ -94,9 +94,13 @@ class BoundSources:
                     " is shared by the workers; '-' for stdin), or use DataLoader(num_workers=0)"
                     " or multiprocessing_context='fork'") from None
 
-    def adopt(self, read: Sequence[Any], worker: int) -> None:
-        """In a DataLoader worker that will read ``read``: if stdin is among them, make this
-        worker's ``sys.stdin`` the main process's (checked to be the same file)."""
+    def adopt(self, plan: Any, shared: bool, worker: int) -> tuple:
+        """In DataLoader worker ``worker`` about to read ``plan`` (its Dataset; ``shared``: the
+        readers share one stream, which worker 0 reads and deals): the sources it opens. If
+        stdin is among them, this worker's ``sys.stdin`` becomes the main process's (checked to
+        be the same file); a file object closed here is refused, naming the fix."""
+        read = (plan.sources if worker == 0 else ()) if shared else plan.sources
+        read = tuple(read)
         for i in self._positions(read):
             source = self.sources[i]
             if isinstance(source, (str, os.PathLike)):
@@ -106,6 +110,31 @@ class BoundSources:
                     f"{source_name(source)} is closed in DataLoader worker {worker}"
                     " (multiprocessing closes sys.stdin in its children): pass '-' for stdin,"
                     " or the file's path")
+        return read
+
+    def watch(self, items: Iterator[Any], read: Sequence[Any], epoch: int,
+              stats: Any) -> Iterator[Any]:
+        """``items`` (a worker's epoch over ``read``), marking the bound sources among ``read``
+        once the epoch shows it opened its sources (``stats.sources_opened``, at its first
+        item or its end; a complete cache() opens none), and refusing one an earlier epoch
+        read: such an epoch found it spent, or would repeat it."""
+        if not self._positions(read):
+            yield from items
+            return
+        marked = False
+        try:
+            for item in items:
+                if not marked:
+                    marked = True
+                    if stats.sources_opened:
+                        self.opened(read, epoch)
+                yield item
+            if not marked and stats.sources_opened:
+                self.opened(read, epoch)
+        except BaseException:
+            if not marked and stats.sources_opened:
+                self.opened(read, epoch, refuse=False)  # partly read: never again
+            raise
 
     def opened(self, read: Sequence[Any], epoch: int, *, refuse: bool = True) -> None:
         """In a DataLoader worker whose epoch opened its sources (not one a complete

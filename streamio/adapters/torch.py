@@ -21,7 +21,9 @@ rank * num_workers + worker)``:
   ``num_workers=k``, worker 0 reads it and deals blocks of records to all ``k`` workers (each
   record to exactly one), which decode and transform in parallel: see
   :mod:`streamio.sharing.stream` (each worker shuffles its own share; a dead worker ends
-  the epoch with an error on every side). The local ranks of a host share it too (torchrun
+  the epoch with an error on every side). stdin, a file object or an open ByteSource belongs to
+  the main process: its worker reads the main process's (once; a later epoch that would read it
+  again is a ``UsageError``, see :mod:`._torch_bound`). The local ranks of a host share it too (torchrun
   on an 8-GPU host, one FIFO per host and channel in SageMaker): local rank 0's worker 0 (its
   main process with ``num_workers=0``) deals to ``LOCAL_WORLD_SIZE x max(1, num_workers)``
   readers. The local rank and local world size come from ``to_torch(local_rank=...,
@@ -631,8 +633,9 @@ class StreamDataset(torch.utils.data.IterableDataset):
         if info is None:
             self._bound.note_main(ds.sources, epoch)
         else:
-            reads = self._reads(ds, world_size * num_workers, worker)
-            self._bound.adopt(reads, worker)
+            readers = world_size * num_workers
+            shared = readers > 1 and _must_share(tuple(self.dataset.sources), readers)
+            reads = self._bound.adopt(ds, shared, worker)
         resume = None if pending is None else pending[1]
         if isinstance(resume, _Gathered):
             resume = self._elastic_state(resume, epoch, rank, world_size, worker, num_workers)
@@ -647,14 +650,6 @@ class StreamDataset(torch.utils.data.IterableDataset):
         if info is None:
             return self._generate(ds, pin)
         return self._generate_in_worker(ds, worker, reads, epoch)
-
-    def _reads(self, ds: Any, readers: int, worker: int) -> tuple:
-        """The sources this DataLoader worker opens: a shared stream's, in worker 0 (its
-        dealer); otherwise its plan's."""
-        sources = tuple(self.dataset.sources)
-        if readers > 1 and _must_share(sources, readers):
-            return sources if worker == 0 else ()
-        return tuple(ds.sources)
 
     def _generate(self, ds: Any, pin: bool) -> Iterator[Any]:
         iterator = iter(ds)
@@ -672,9 +667,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
     def _generate_in_worker(self, ds: Any, worker: int, reads: tuple = (),
                             epoch: int = 0) -> Iterator[Any]:
         """The worker's share, publishing its stats for the main process as it goes and when it
-        ends (before the DataLoader learns that this worker is done). At its first item (or
-        its end) it learns whether its epoch opened the sources, and marks the ones bound to
-        the main process (:mod:`._torch_bound`): an epoch that read one again is refused."""
+        ends (before the DataLoader learns that this worker is done); a source bound to the
+        main process that its epoch reads again is refused (:mod:`._torch_bound`)."""
         iterator = iter(ds)
         self._iterator = iterator if hasattr(iterator, "state_dict") else None
         stats = getattr(ds, "epoch_stats", None)
@@ -684,23 +678,12 @@ class StreamDataset(torch.utils.data.IterableDataset):
         board = self._worker_stats
         clock = time.monotonic
         published = clock()
-        marked = not reads
         try:
-            for batch in iterator:
-                if not marked:
-                    marked = True
-                    if stats.sources_opened:
-                        self._bound.opened(reads, epoch)
+            for batch in self._bound.watch(iterator, reads, epoch, stats):
                 if clock() - published >= STATS_INTERVAL_S:
                     board.publish(worker, stats.started_at, stats.snapshot())
                     published = clock()
                 yield _for_transport(convert_batch(batch))
-            if not marked and stats.sources_opened:
-                self._bound.opened(reads, epoch)
-        except BaseException:
-            if not marked and stats.sources_opened:
-                self._bound.opened(reads, epoch, refuse=False)  # partly read: never again
-            raise
         finally:
             close = getattr(iterator, "close", None)
             if close is not None:
