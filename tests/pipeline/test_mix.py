@@ -755,14 +755,13 @@ def test_with_a_decoder_a_corrupt_record_still_comes_after_every_item_before_it(
     mixed = streamio.mix([streamio.Dataset(path, "tfrecord", decoder=ID_X),
                           streamio.Dataset(b, "tfrecord", decoder=ID_X)],
                          seed=0, stop="all_exhausted")
-    assert mixed.decoder is ID_X  # blocks of one length (unbatched: records come out)
+    assert mixed.decoder is ID_X  # blocks of one length (unbatched: decoded examples come out)
     got = []
     with pytest.raises(CorruptRecordError) as info:
-        for record in mixed:
-            got.append(bytes(record))
+        for item in mixed:
+            got.append(int(item["id"]))
     assert info.value.source == path and info.value.record_index == 1234
-    mine = {id_example(i) for i in range(2000)}
-    assert [r for r in got if r in mine] == [id_example(i) for i in range(1234)]
+    assert [i for i in got if i < 2000] == list(range(1234))
 
 
 def test_a_decode_error_after_the_mix_names_the_input_record(tmp_path, examples):
