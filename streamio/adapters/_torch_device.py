@@ -188,6 +188,11 @@ class DevicePrefetcher:
         self.batches_yielded = 0
         self._state: Any = None  # the loader's state_dict() after the last batch yielded
 
+    def __repr__(self) -> str:
+        return (f"DevicePrefetcher({type(self.batches).__name__}, device={str(self.device)!r},"
+                f" depth={self.depth}, even_batches={self.even_batches!r}:"
+                f" {self.batches_yielded} batches, waited {self.wait_s:.3f} s)")
+
     def state_dict(self) -> dict:
         """The loader's ``state_dict()`` as of the last batch this iterator yielded (the
         loader's current one before the first)."""

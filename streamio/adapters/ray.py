@@ -53,6 +53,7 @@ import os
 import shutil
 import stat
 import tempfile
+import weakref
 from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
@@ -290,6 +291,15 @@ class Datasource(ray.data.Datasource):
     def get_name(self) -> str:
         return f"streamio.{self._dataset.format}"
 
+    def columns(self) -> Optional[tuple]:
+        """The columns its blocks hold, where known before reading: ``record`` without a
+        decoder, else the decoder's outputs (None: it learns them from the data)."""
+        decoder = self._dataset.decoder
+        if decoder is None:
+            return ("record",)
+        spec = decoder.output_spec() if callable(getattr(decoder, "output_spec", None)) else None
+        return None if spec is None else tuple(spec)
+
     @property
     def supports_distributed_reads(self) -> bool:
         """False when a source is a single stream: its task must run on the driver's node."""
@@ -363,7 +373,30 @@ def read(sources: Any, format: str, *, decoder: Any = None, parallelism: int = -
     target = ds.context.target_max_block_size
     if target is None or target > READ_BLOCK_BYTES:
         ds.context.target_max_block_size = READ_BLOCK_BYTES
+    columns = source.columns()
+    if columns is not None:
+        _READ_COLUMNS[ds] = columns  # for write()'s check on the driver
     return ds
+
+
+#: The columns of the Ray Datasets read() made (while they live): write() checks them on the
+#: driver, before any task runs.
+_READ_COLUMNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _known_columns(ds: Any) -> Optional[tuple]:
+    """``ds``'s columns if known without running it: Ray's schema where it has one, else
+    what :func:`read` knew of the Dataset it made; None otherwise."""
+    try:
+        schema = ds.schema(fetch_if_missing=False)
+    except Exception:  # noqa: BLE001 - only a shortcut; the sink checks again
+        schema = None
+    if schema is not None and getattr(schema, "names", None):
+        return tuple(schema.names)
+    try:
+        return _READ_COLUMNS.get(ds)
+    except TypeError:  # not weak-referenceable
+        return None
 
 
 # -- the Datasink -------------------------------------------------------------------------------
@@ -510,8 +543,19 @@ def write(ds: Any, path_prefix: str, format: str = "tfrecord", *,
     """Write the Ray Dataset ``ds`` as shards ``<path_prefix>-<task>-<n>.tfrecord`` (or
     ``.rec``) with a :class:`Datasink` (``streamio pack`` at cluster scale); returns the shard
     paths, sorted. ``index=True`` writes an index file beside each shard. ``path_prefix``: a
-    local path (shared by the nodes of a cluster) or a URL such as ``s3://bucket/out/part``."""
+    local path (shared by the nodes of a cluster) or a URL such as ``s3://bucket/out/part``.
+    Without ``encode``, ``column`` must hold the encoded records: where the columns are known
+    before running (a Dataset of :func:`read`, or one whose schema Ray knows), that is checked
+    here, on the driver."""
     sink = Datasink(path_prefix, format, compression=compression, index=index,
                     records_per_shard=records_per_shard, encode=encode, column=column)
+    columns = _known_columns(ds) if encode is None else None
+    if columns is not None and column not in columns:
+        # On the driver, before a task runs: inside one it is a long traceback, after reading.
+        raise UsageError(
+            f"the Dataset has no column {column!r} to write as records (its columns:"
+            f" {', '.join(columns[:8])}{', ...' if len(columns) > 8 else ''}): a decoded"
+            " Dataset needs encode='example' (each row's columns as a tf.train.Example), or"
+            " column= naming its column of encoded records")
     ds.write_datasink(sink)
     return sink.shards

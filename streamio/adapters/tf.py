@@ -152,7 +152,11 @@ def _signature_of(value: Any, batched: bool) -> Any:
     return tf.TensorSpec(shape=shape, dtype=_tf_dtype(array.dtype))
 
 
-def _to_tf_value(value: Any, field: Optional[FieldSpec]) -> Any:
+def _to_tf_value(value: Any, field: Optional[FieldSpec], batched: bool = True) -> Any:
+    if isinstance(value, SparseBatch) and not batched and value.shape[0] == 1:
+        # One example's row (an unbatched item): a 1-D sparse tensor, as the spec says.
+        return tf.compat.v1.SparseTensorValue(value.indices[:, None], value.values,
+                                              np.asarray(value.shape[1:], dtype=np.int64))
     if isinstance(value, SparseBatch):
         # CSR -> COO: row of each value from indptr; CSR order is already row-major (canonical).
         rows = np.repeat(np.arange(value.shape[0], dtype=np.int64), np.diff(value.indptr))
@@ -209,6 +213,7 @@ class _EpochSource:
         self.rank = rank
         self.world_size = world_size
         self.spec: Optional[dict] = None
+        self.batched = True  # False: items are single examples (no batch())
         self.block = 1  # batches per call: > 1 on the fixed-shape path (see BLOCK_BATCHES)
         self.batches: Optional[int] = None  # to_tf(batches=): what every epoch must hold
         self._counted = True  # whether the running epoch is checked against it (not resumed)
@@ -294,7 +299,8 @@ class _EpochSource:
         spec = self.spec
         for batch in self._batches():
             if isinstance(batch, dict):
-                yield {name: _to_tf_value(value, None if spec is None else spec.get(name))
+                yield {name: _to_tf_value(value, None if spec is None else spec.get(name),
+                                          self.batched)
                        for name, value in batch.items()}
             elif isinstance(batch, SparseBatch):
                 yield _to_tf_value(batch, None)
@@ -459,9 +465,10 @@ def _to_tf(dataset: Any, *, input_context: Any = None, batches: Optional[int] = 
                                  "read it in one input pipeline")
             dataset = dataset.shard(world_size, rank)
     batched = getattr(dataset, "batch_size", None) is not None
-    # Without batch() items are raw records whatever the decoder (it decodes batches).
-    decoder = getattr(dataset, "decoder", None) if batched else None
+    # Without batch() a decoder's items are its rows (streamio.pipeline.items): one example each.
+    decoder = getattr(dataset, "decoder", None)
     source = _EpochSource(dataset, rank, world_size)
+    source.batched = batched
     if resume is not None:
         from ..pipeline.resume import check_fields
 

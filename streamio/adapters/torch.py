@@ -21,7 +21,9 @@ rank * num_workers + worker)``:
   ``num_workers=k``, worker 0 reads it and deals blocks of records to all ``k`` workers (each
   record to exactly one), which decode and transform in parallel: see
   :mod:`streamio.sharing.stream` (each worker shuffles its own share; a dead worker ends
-  the epoch with an error on every side). The local ranks of a host share it too (torchrun
+  the epoch with an error on every side). stdin, a file object or an open ByteSource belongs to
+  the main process: its worker reads the main process's (once; a later epoch that would read it
+  again is a ``UsageError``, see :mod:`._torch_bound`). The local ranks of a host share it too (torchrun
   on an 8-GPU host, one FIFO per host and channel in SageMaker): local rank 0's worker 0 (its
   main process with ``num_workers=0``) deals to ``LOCAL_WORLD_SIZE x max(1, num_workers)``
   readers. The local rank and local world size come from ``to_torch(local_rank=...,
@@ -82,6 +84,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.context
 import os
 import secrets
 import time
@@ -95,6 +98,8 @@ from ..pipeline.stats import STATS_KEYS, merge_snapshots
 from ..sharing import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
 from ..sources import PipeChannel
 from . import check_splittable, is_single_stream, source_groups
+from ._torch_bound import BoundSources
+from ._torch_usage import UsageChecks
 from ._torch_device import (DEFAULT_DEPTH, DEFAULT_EVEN_BATCHES, DevicePrefetcher, even_batches,
                             to_device)
 from ._torch_transport import _for_transport, convert_batch
@@ -253,7 +258,7 @@ class _WorkerStats:
         newest = rows[np.argmax(rows[:, 0])]
         rows = rows[(rows[:, 2] == newest[2]) & (rows[:, 0] > newest[0] - _EPOCH_START_SPREAD_S)]
         snapshots = []
-        for row in rows:
+        for row in rows.tolist():  # plain floats, not numpy scalars (stats() prints them)
             snap: dict = {"epoch": int(row[2]), "first_batch_s": None if row[3] < 0 else row[3],
                           "finished": bool(row[4])}
             for key, value in zip(_NUMERIC_KEYS, row[5:]):
@@ -309,6 +314,10 @@ class StreamDataset(torch.utils.data.IterableDataset):
                                 if isinstance(s, PipeChannel)}
         self._epoch = _EpochCounter()
         self._worker_stats = _WorkerStats()
+        # stdin, file objects, ByteSources: read by one worker, once (see _torch_bound).
+        self._bound = BoundSources(tuple(dataset.sources))
+        self._checks = UsageChecks()  # DataLoader set-ups that silently misbehave, said once
+        self._ran_here = False  # this process ran an epoch of this object (see _torch_usage)
         # Names the dealer socket of a shared stream: the same in every worker copy of this
         # object, different from any other StreamDataset's.
         self._share_token = secrets.token_hex(8)
@@ -328,6 +337,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict:
         # Pickled in the main process when a spawn/forkserver DataLoader starts its workers: the
         # process group is known here but not in the new interpreter, so carry (rank, world).
+        if multiprocessing.context.get_spawning_popen() is not None:
+            self._bound.check_spawn()  # pickled for a spawned DataLoader worker
         state = self.__dict__.copy()
         state["_parent_group"] = _process_group() or self._parent_group
         state["_last"] = None
@@ -600,6 +611,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
+        self._checks.check_collation(self.dataset)
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         explicit = None if self.rank is None else (self.rank, self.world_size)
         rank, world_size = _distributed(explicit, self._parent_group)
@@ -611,10 +623,19 @@ class StreamDataset(torch.utils.data.IterableDataset):
         else:
             epoch = pending[0] if pending is not None else self._epoch.take(num_workers)
         self._started_epoch = epoch
+        if info is not None:
+            self._checks.check_worker_epoch(self.dataset, epoch, self._ran_here)
+            self._ran_here = True
         self._place = [rank, world_size, worker, num_workers]
         self._iterator = None
         ds = self.plan(epoch=epoch, rank=rank, world_size=world_size, worker=worker,
                        num_workers=num_workers)
+        if info is None:
+            self._bound.note_main(ds.sources, epoch)
+        else:
+            readers = world_size * num_workers
+            shared = readers > 1 and _must_share(tuple(self.dataset.sources), readers)
+            reads = self._bound.adopt(ds, shared, worker)
         resume = None if pending is None else pending[1]
         if isinstance(resume, _Gathered):
             resume = self._elastic_state(resume, epoch, rank, world_size, worker, num_workers)
@@ -628,7 +649,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self._last = ds
         if info is None:
             return self._generate(ds, pin)
-        return self._generate_in_worker(ds, worker)
+        return self._generate_in_worker(ds, worker, reads, epoch)
 
     def _generate(self, ds: Any, pin: bool) -> Iterator[Any]:
         iterator = iter(ds)
@@ -643,9 +664,11 @@ class StreamDataset(torch.utils.data.IterableDataset):
             if close is not None:
                 close()
 
-    def _generate_in_worker(self, ds: Any, worker: int) -> Iterator[Any]:
+    def _generate_in_worker(self, ds: Any, worker: int, reads: tuple = (),
+                            epoch: int = 0) -> Iterator[Any]:
         """The worker's share, publishing its stats for the main process as it goes and when it
-        ends (before the DataLoader learns that this worker is done)."""
+        ends (before the DataLoader learns that this worker is done); a source bound to the
+        main process that its epoch reads again is refused (:mod:`._torch_bound`)."""
         iterator = iter(ds)
         self._iterator = iterator if hasattr(iterator, "state_dict") else None
         stats = getattr(ds, "epoch_stats", None)
@@ -656,7 +679,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         clock = time.monotonic
         published = clock()
         try:
-            for batch in iterator:
+            for batch in self._bound.watch(iterator, reads, epoch, stats):
                 if clock() - published >= STATS_INTERVAL_S:
                     board.publish(worker, stats.started_at, stats.snapshot())
                     published = clock()

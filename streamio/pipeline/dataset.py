@@ -92,7 +92,9 @@ class Dataset:
       files they index, skipped), or a list of these, read in order, one source open at a time;
     - ``format``: ``"tfrecord"``, ``"recordio"``, ``"csv"``, ``"lines"``;
     - ``decoder``: turns each batch of records into a dict of numpy arrays (``batch()``);
-      without one (or without ``batch()``) items are raw records, and a batch is a ``list``;
+      without ``batch()`` each item is one record decoded (a dict of that record's row of each
+      field, :mod:`streamio.pipeline.items`); without a decoder items are raw records, and a
+      batch is a ``list``;
     - ``reader_options``: passed to :class:`~streamio.RecordReader` (``compression``,
       ``verify``, ``on_error``, ``multipart``, ``max_record_size``, ``read_size``,
       ``read_timeout``, format options). Checked now; the sources are opened only when an epoch
@@ -199,6 +201,12 @@ class Dataset:
         return None
 
     @property
+    def stages(self) -> tuple:
+        """The stages after the sources, in order (each a
+        :class:`~streamio.pipeline.stages.Stage`): what adapters ask about the chain."""
+        return self._stages
+
+    @property
     def maps_items(self) -> bool:
         """Whether a :meth:`map` changes what the items are (adapters then learn their types
         from the first item rather than from the decoder)."""
@@ -233,7 +241,8 @@ class Dataset:
         args.extend(f"{key}={value!r}" for key, value in self._reader_options.items())
         calls = "".join(stage.call() for stage in self._stages)
         calls += "".join(f".shard({n}, {i})" for n, i in self._round_robin)
-        return f"Dataset({', '.join(args)}){calls}"
+        # A subclass (a SageMaker channel's ChannelDataset) says what it is.
+        return f"{type(self).__name__}({', '.join(args)}){calls}"
 
     def __len__(self) -> int:
         raise UsageTypeError(
@@ -452,7 +461,25 @@ class Dataset:
 
     # -- adapters ---------------------------------------------------------------------------
     def to_torch(self, **kwargs: Any) -> Any:
-        """A ``torch.utils.data.IterableDataset`` (see :mod:`streamio.adapters.torch`)."""
+        """This Dataset as a ``torch.utils.data.IterableDataset`` (a
+        :class:`~streamio.torch.StreamDataset`) of dicts of tensors; give it to
+        ``DataLoader(..., batch_size=None)`` when the Dataset is batched (a DataLoader
+        ``batch_size`` collates single examples of an unbatched one). Every record once per
+        epoch over DataLoader workers and ranks; see :mod:`streamio.adapters.torch`.
+
+        Keyword options (all optional):
+
+        - ``pin_memory: bool = False``: pin the tensors (CUDA, ``num_workers=0`` only; with
+          workers pass ``DataLoader(pin_memory=True)``);
+        - ``rank: int | None``, ``world_size: int | None``: this process's place among the
+          ranks (default: ``torch.distributed``, else torchrun's ``RANK``/``WORLD_SIZE``);
+        - ``connect_timeout: float = 120.0``: seconds the readers of one shared stream (a FIFO,
+          stdin) wait for each other;
+        - ``local_rank: int | None``, ``local_world_size: int | None``: this rank's place on
+          its host (default: torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``);
+        - ``node_streams: "replicated" | "sharded" | None``: what each host's single stream
+          holds when ranks on several hosts read one each (required there).
+        """
         from ..adapters.torch import to_torch
 
         return to_torch(self, **kwargs)

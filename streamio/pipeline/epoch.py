@@ -46,6 +46,7 @@ from ..sources import source_name
 from . import parallel
 from . import resume as _resume
 from .ranges import plan_range
+from .items import decode_items
 from .stages import close_blocks
 from .stats import EpochStats
 
@@ -94,7 +95,8 @@ def _first_record(source: Any, ds: Any) -> bytes:
 class EpochRun:
     """The state of one epoch while its generator chain is built and run."""
 
-    def __init__(self, ds: Any, epoch: int, stats: EpochStats) -> None:
+    def __init__(self, ds: Any, epoch: int, stats: EpochStats, *,
+                 decode_items: bool = True) -> None:
         self.ds = ds
         self.epoch = epoch
         self.stats = stats
@@ -102,10 +104,15 @@ class EpochRun:
         if decoder is not None and callable(getattr(decoder, "fresh", None)):
             decoder = decoder.fresh()  # an un-primed decoder per epoch (a CSV header again)
         self.decoder = decoder
+        # Without batch(), a decoder decodes each item at the end of the chain (the consumer
+        # gets decoded items, :mod:`.items`); ``decode_items=False``: a consumer that takes the
+        # records themselves (a mix's inputs, which the mix's own decoder decodes).
+        record_stages = list(itertools.takewhile(lambda s: not s.makes_batches, ds._stages))
+        batched = len(record_stages) < len(ds._stages)
+        self.decode_items = decode_items and decoder is not None and not batched
         # Origins are tracked only where an error could need them: a decode error, or a map or
         # filter over records (which also keys a map's seeds on the record).
-        record_stages = list(itertools.takewhile(lambda s: not s.makes_batches, ds._stages))
-        self.track_ids = ((decoder is not None and len(record_stages) < len(ds._stages))
+        self.track_ids = ((decoder is not None and (batched or self.decode_items))
                           or any(s.needs_record_ids for s in record_stages))
         self.names: dict[int, str] = {}
         # Whether records reach batch() out of stream order (a record-level shuffle before it,
@@ -158,6 +165,8 @@ class EpochRun:
             blocks = _resume.select_items(blocks, ff)  # the consumer has the others
         elif ff is not None and ff.mode == "lazy":
             blocks = _resume.drop_skipped(blocks, ff)
+        if self.decode_items:
+            blocks = decode_items(self, blocks)  # after a resume's selection: skipped never
         return blocks
 
     def first_stage(self, stop: int) -> int:

@@ -89,6 +89,16 @@ class EpochIterator(ItemChain):
         return _resume.make_state(ds, epoch, skipped + items, ended,
                                   elastic=elastic[0] if elastic else None)
 
+    def __repr__(self) -> str:
+        feed = self.__dict__.get("_feed")
+        if feed is None:
+            return f"<{type(self).__name__}>"
+        state = "finished" if feed.ended else ("closed" if feed.blocks is None else "running")
+        origin = self._origin
+        where = "" if origin is None else f" epoch {origin[1]} of {origin[0]!r},"
+        kind = "batches" if feed.batched else "items"
+        return f"<{type(self).__name__}{where} {self.delivered} {kind} delivered, {state}>"
+
     def __del__(self) -> None:
         try:
             self.close()

@@ -289,7 +289,8 @@ class _Input:
 
     def __init__(self, ds: Any, outer: Any, base: int, read_size: int, large_read_size: int,
                  track: bool) -> None:
-        self.run = EpochRun(ds, outer.epoch, outer.stats)  # its counters are the mix's
+        # Its counters are the mix's; its records go to the mix undecoded (the mix decodes).
+        self.run = EpochRun(ds, outer.epoch, outer.stats, decode_items=False)
         self.run.read_size = read_size  # for its sources not given one
         self.run.large_read_size = large_read_size  # theirs once their records prove large
         # An input that is its sources alone gives the records of its reads where they lie

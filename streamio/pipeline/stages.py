@@ -59,6 +59,9 @@ class Stage:
     #: builds those itself if it reads them at all (``run.upstream(position, epoch)``): a
     #: cache that serves a complete epoch starts nothing before it.
     builds_upstream = False
+    #: True: what the stage keeps between epochs lives in the process that ran it (a memory
+    #: cache), so a DataLoader worker that is not persistent loses it at each epoch's end.
+    keeps_in_process = False
 
     def call(self) -> str:
         """The stage as the method call that made it: ``.shuffle(10000, seed=0)``."""
@@ -262,6 +265,10 @@ class Cache(Stage):
         from .cache import MemoryCache
 
         object.__setattr__(self, "memory", MemoryCache())
+
+    @property
+    def keeps_in_process(self) -> bool:  # type: ignore[override]
+        return self.directory is None
 
     def __getstate__(self) -> dict:
         # A process the stage is sent to (a DataLoader worker) fills its own memory cache.

@@ -86,8 +86,6 @@ class WrappedPipeChannel(PipeChannel):
         inner: FileSource = super().open(**timeouts)
         return UnwrappedSource(inner, separator=self.separator)
 
-    def __repr__(self) -> str:
-        return f"WrappedPipeChannel({self.path_prefix!r}, next epoch {self.epoch})"
 
 
 __all__ = ["ManifestAttributes", "ManifestGroupFramer", "RecordIOUnwrapper", "UnwrappedSource",

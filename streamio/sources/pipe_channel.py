@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import SourceError
 from ..errors import UsageError
@@ -96,4 +96,10 @@ class PipeChannel:
         return source
 
     def __repr__(self) -> str:
-        return f"PipeChannel({self.path_prefix!r}, next epoch {self.epoch})"
+        return f"{type(self).__name__}({self.path_prefix!r}{_timeouts(self)}, next epoch {self.epoch})"
+
+
+def _timeouts(channel: Any) -> str:
+    """The channel's timeouts, as its arguments (the ones set)."""
+    return "".join(f", {name}={getattr(channel, name)!r}" for name in ("open_timeout",
+                   "read_timeout") if getattr(channel, name, None) is not None)

@@ -183,9 +183,14 @@ def test_raw_records_are_strings(parts):
     batched = Dataset(parts[:1], "tfrecord").batch(16).to_tf()
     assert batched.element_spec == tf.TensorSpec((None,), tf.string)
     assert [len(b) for b in batched] == [16, 16, 8]
-    single = Dataset(parts[:1], "tfrecord", decoder=DECODER).to_tf()  # no batch(): raw records
+    single = Dataset(parts[:1], "tfrecord").to_tf()  # no batch(), no decoder: raw records
     assert single.element_spec == tf.TensorSpec((), tf.string)
     assert len(list(single)) == 40
+    # With a decoder and no batch(): one decoded example per element (parse_single_example's).
+    examples = Dataset(parts[:1], "tfrecord", decoder=DECODER).to_tf()
+    spec = examples.element_spec
+    assert (spec["id"].shape, spec["x"].shape, spec["tags"].shape) == ((), (4,), (None,))
+    assert len(list(examples)) == 40
 
 
 @pytest.mark.parametrize("sources", [4, 1])

@@ -136,9 +136,9 @@ def _dataset(paths: list, chain: str, decoded: bool = True) -> streamio.Dataset:
 
 
 def _ids(item) -> list:
-    """The record ids in an item (a decoded batch, or one record)."""
+    """The record ids in an item (a decoded batch or example, or one record)."""
     if isinstance(item, dict):
-        return item["x"].tolist()
+        return np.atleast_1d(item["x"]).tolist()
     return _decoder().decode_batch([item])["x"].tolist()
 
 

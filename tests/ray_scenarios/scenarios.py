@@ -252,6 +252,22 @@ def test_sink_round_trip(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "2100"
 
 
+def test_write_of_a_decoded_dataset_without_encode_fails_on_the_driver(tmp_path):
+    """The column check runs before any task: a UsageError raised by write() itself (no Ray
+    frame in its traceback), nothing written, naming encode='example'."""
+    decoded = sray.read([str(p) for p in _parts(tmp_path, 2, 50)], "tfrecord", decoder=DECODER)
+    with pytest.raises(streamio.UsageError, match="encode='example'") as info:
+        sray.write(decoded, str(tmp_path / "out" / "e"), "tfrecord")
+    frames = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    assert not [f for f in frames if "/ray/" in f], frames
+    assert "x, y" in str(info.value)
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
+
+
 def _parts(tmp_path, n, per):
     (tmp_path / "in").mkdir(exist_ok=True)
     paths = []

@@ -293,6 +293,32 @@ def test_augmented_manifest_regroups_attributes_per_line(tmp_path):
                                                                       "meta")
 
 
+def test_augmented_manifest_iterated_directly_yields_attribute_dicts(tmp_path):
+    """Without batch(), the channel's decoder decodes each line: {attribute: value}, not the
+    regrouped record's bytes."""
+    manifest, images = _manifest(tmp_path)
+    root = tmp_path / "root"
+    args = ["--manifest", f"train={manifest}", "--attributes", "source-ref,class,meta",
+            "--record-wrapper", "RecordIO"]
+
+    def read_plain(epoch):  # the channel's default decoder: AugmentedManifest(its names)
+        return list(sagemaker.channel("train", root=root))
+
+    def read_typed(epoch):
+        how = {"source-ref": None, "class": "int64", "meta": "json"}
+        return list(sagemaker.channel("train", root=root,
+                                      decoder=sagemaker.AugmentedManifest(how)))
+
+    [plain] = _pipe_epochs(root, args, 1, read_plain)
+    [typed] = _pipe_epochs(root, args, 1, read_typed)
+    assert plain == [{"source-ref": images[i], "class": str(i % 3).encode(),
+                      "meta": json.dumps({"w": i}, separators=(",", ":")).encode()}
+                     for i in range(5)]
+    assert [item["source-ref"] for item in typed] == images
+    assert [int(item["class"]) for item in typed] == [i % 3 for i in range(5)]
+    assert [item["meta"] for item in typed] == [{"w": i} for i in range(5)]
+
+
 def test_manifest_cut_short_and_unwrapped_manifest_are_errors(tmp_path):
     manifest, _ = _manifest(tmp_path, n=2)
     root = tmp_path / "root"
