@@ -449,6 +449,11 @@ def resume_state_seeds(rng: random.Random) -> List[bytes]:
         seeds.append(T.encode_resume_state(state))
     seeds.append(T.encode_resume_state({**state, "seeds": [2, None, 2]}))
     seeds.append(T.encode_resume_state({**state, "delivered": 10 ** 6}))
+    # Sealed again (check recomputed): past the check, so the later checks are reached.
+    from streamio.pipeline.resume import seal
+
+    seeds.append(T.encode_resume_state(seal({**state, "seeds": [2, None, 2]})))
+    seeds.append(T.encode_resume_state(seal({**state, "delivered": 10 ** 6})))
     seeds.append(T.encode_resume_state({**state, "epoch": "1", "finished": "no"}))
     # Elastic: the states of 2 shards (a list), and the state of an epoch resumed from them.
     shards = []
