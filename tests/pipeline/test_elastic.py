@@ -214,7 +214,9 @@ def test_lists_that_are_not_every_shard_of_one_run_are_refused(sources):
     _, states = _interrupt(make, 3, [1, 2, 3])
     with pytest.raises(UsageError, match=r"shard\(s\) \[1\] missing"):
         make().iter_from([states[0], states[2], states[0]])
-    with pytest.raises(UsageError, match="2 states must be the 2 shards"):
+    # the hint gives shard()'s signature, shard(num_shards, index) (issue #41, item 9)
+    with pytest.raises(UsageError, match=r"2 states must be the 2 shards of one split \(each"
+                                         r" taken by shard\(2, i\) of the same Dataset\)"):
         make().iter_from(states[:2])  # two of a 3-way split
     with pytest.raises(UsageError, match="empty"):
         make().iter_from([])
