@@ -470,6 +470,34 @@ def resume_state_seeds(rng: random.Random) -> List[bytes]:
     return seeds
 
 
+def byte_ranges_seeds(rng: random.Random) -> List[bytes]:
+    """Valid files whose payloads hold whole frames of their format (a frame, a stream of
+    them, a frame of a frame), as payloads and as files, cut 2 to 8 ways; and damaged ones."""
+    from streamio.formats import encode_recordio, encode_tfrecord
+
+    seeds = []
+    for recordio, encode in ((False, encode_tfrecord), (True, encode_recordio)):
+        for k in range(6):
+            payloads = []
+            for i in range(rng.randint(1, 8)):
+                plain = rng.randbytes(rng.randint(0, 30))
+                kind = (i + k) % 4
+                body = (plain if kind == 0 else encode(plain) if kind == 1 else
+                        encode(encode(plain)) if kind == 2 else
+                        b"".join(encode(rng.randbytes(rng.randint(0, 9))) for _ in range(3)))
+                payloads.append(body[:255])
+            packed = b"".join(bytes([len(p)]) + p for p in payloads)
+            file = b"".join(encode(p) for p in payloads)
+            for skip in (False, True):
+                seeds.append(T.encode_byte_ranges(packed, recordio=recordio, skip=skip,
+                                                  payloads=True, n=k, cut_seed=k))
+                damaged = bytearray(file)
+                damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+                seeds.append(T.encode_byte_ranges(bytes(damaged), recordio=recordio, skip=skip,
+                                                  n=k + 1, cut_seed=k))
+    return [s for s in seeds if len(s) <= MAX_SEED]
+
+
 def cache_file_seeds(rng: random.Random) -> List[bytes]:
     """Cache files streamio wrote: of records (with their origins), batches of records, and
     decoded batches (numbers, bytes, str, a sparse field), each small enough for MAX_SEED."""
@@ -533,6 +561,7 @@ SEEDS = {
     "shared_wire": shared_wire_seeds,
     "resume_state": resume_state_seeds,
     "cache_file": cache_file_seeds,
+    "byte_ranges": byte_ranges_seeds,
 }
 
 
