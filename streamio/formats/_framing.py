@@ -612,7 +612,7 @@ class LengthPrefixedFramer(FramerBase):
             before = len(out)
             first = pos
             pos, status = self._scan(buf, pos, end, out)
-            if self._stop_at is not None and len(out) > before:
+            if self._stop_at is not None and base + pos > self._stop_at and len(out) > before:
                 at = self._trim(out, before, base + first)
                 if at is not None:
                     # A frame at or past the range's end: ask there (the loop's top).
