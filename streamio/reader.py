@@ -413,6 +413,11 @@ class RecordReader:
                 stats.records += len(records)
                 records = [records]  # handed over, as above
                 yield records.pop()
+            # A fault finish() met after the records it returned (the rule: raised by the
+            # next call, and there is none).
+            pending = getattr(framer, "pending_error", None)
+            if pending is not None:
+                raise pending
         except FormatError as exc:
             hinted = _with_hint(exc, framer, bytes(head), self.format, codec) if framing else exc
             if hinted is exc:

@@ -505,7 +505,12 @@ class StreamDataset(torch.utils.data.IterableDataset):
         if isinstance(state, (list, tuple)):
             self._load_states(list(state))
             return
-        epoch, inner = _unpack(state)
+        if isinstance(state, dict) and "streamio_torch" not in state and (
+                "_snapshot" in state or "dataset_state" in state):
+            self._load_states([state])  # a whole StatefulDataLoader state: its workers' states
+            return
+        epoch, inner, place = _unpack(state, with_place=True)
+        _check_reader(place)
         self._set_pending(epoch, inner)
 
     def _set_pending(self, epoch: Any, inner: Any) -> None:
@@ -723,6 +728,27 @@ def _unpack(state: Any, with_place: bool = False) -> tuple:
             and place[0] < place[1] and place[2] < place[3]):
         raise UsageError(f"not a StreamDataset state: its place is {place!r:.80}")
     return (epoch, inner, place) if with_place else (epoch, inner)
+
+
+def _check_reader(place: Any) -> None:
+    """One reader's state (``place``: ``[rank, world_size, worker, num_workers]``) loaded alone
+    is its share of the epoch: refused now, not inside a worker at iteration, where it cannot
+    be this process's (the main process, for a DataLoader with workers: every worker would get
+    it) or this worker's (another number of workers)."""
+    if place is None:
+        return
+    _, _, worker, workers = place
+    info = torch.utils.data.get_worker_info()
+    hint = ("pass the list of every rank's state (each rank's loader.state_dict()) to"
+            " to_torch(...).load_state_dict([...]) before making the loader: it resumes on any"
+            " number of ranks and workers")
+    if info is None and workers > 1:
+        raise UsageError(f"resume state of DataLoader worker {worker} of {workers} alone: it is"
+                         f" that worker's share of the epoch; {hint}")
+    if info is not None and (info.id, info.num_workers) != (worker, workers):
+        raise UsageError(f"resume state of DataLoader worker {worker} of {workers} loaded into"
+                         f" worker {info.id} of {info.num_workers}: a loader resumes its own"
+                         f" state only with as many workers; {hint}")
 
 
 def _dataset_states(state: Any, k: int) -> list:

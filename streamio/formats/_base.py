@@ -46,6 +46,12 @@ class FramerBase:
         self._error: Optional[FormatError] = None
 
     @property
+    def pending_error(self) -> Optional[FormatError]:
+        """The fault met after the records last returned (raised by the next call), or None:
+        a caller that will not call again after :meth:`finish` raises it itself."""
+        return self._error
+
+    @property
     def record_index(self) -> int:
         """Index of the next record in the stream, counting delivered and skipped records."""
         return self.records + self.skipped_records

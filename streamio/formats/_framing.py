@@ -140,6 +140,9 @@ class LengthPrefixedFramer(FramerBase):
         self._seeking = False
         self._seekbuf = bytearray()
         self._stop_at: Optional[int] = None
+        # The last frame start at or after _stop_at found not to end the range (_at_stop False:
+        # this reader frames it); -1: none yet.
+        self._passed = -1
         self.done = False  # every record that starts in the range has been handed out
         # feed_spans: the span buffer while it runs, and what it framed there.
         self._span_out = None
@@ -363,11 +366,21 @@ class LengthPrefixedFramer(FramerBase):
     def finish(self) -> list[bytes]:
         self._raise_pending()
         out: list[bytes] = []
+        try:
+            self._finish(out)
+        except FormatError:
+            if not out or self._error is None:
+                raise
+            # Records framed at the end (a range's end decided only now) come first; the
+            # fault is raised by the next call (``pending_error``).
+        return out
+
+    def _finish(self, out: list) -> None:
         if self._rest_frame is not None:  # cut short: the tail's truncation report covers it
             self._tail = bytearray(memoryview(self._rest_frame)[:self._rest_fill])
             self._rest_frame = None
         if self.done:
-            return out
+            return
         if self._seeking:
             self._at_eof = True
             self._seek(b"", out)
@@ -375,9 +388,9 @@ class LengthPrefixedFramer(FramerBase):
                 self._seeking = False
                 self._seekbuf = bytearray()
                 self.done = True
-                return out
+                return
             if self.done:
-                return out
+                return
         if self._discard:
             err = TruncatedStreamError(
                 f"stream ends {self._discard} bytes before the end of an oversized record",
@@ -388,7 +401,7 @@ class LengthPrefixedFramer(FramerBase):
             self._at_eof = True
             self._drain_tail(out)
         self._finish_extra(out)
-        return out
+        return
 
     def _drain_tail(self, out: list) -> None:
         """End of stream: frame what the tail still holds (a frame held back, a truncated one)."""
@@ -471,13 +484,17 @@ class LengthPrefixedFramer(FramerBase):
     def _trim(self, out: list, first: int, offset: int) -> Optional[int]:
         """Drop the records in ``out[first:]`` (contiguous frames from stream ``offset``) that
         start at or past the range's end; the offset of the first one dropped, or None."""
-        stop = self._stop_at
         for i in range(first, len(out)):
-            if offset >= stop:
+            if self._past_stop(offset):
                 del out[i:]
                 return offset
             offset += self._framed_size(out[i])
         return None
+
+    def _past_stop(self, offset: int) -> bool:
+        """Whether a frame starting at stream ``offset`` must be asked :meth:`_at_stop` before
+        it is framed (at or past the range's end, and not already found to be this range's)."""
+        return self._stop_at is not None and offset >= self._stop_at and offset > self._passed
 
     # -- the state machine ----------------------------------------------------------------------
     def _discard_from(self, view, pos: int) -> Optional[int]:
@@ -518,12 +535,14 @@ class LengthPrefixedFramer(FramerBase):
         pos = self._discard_from(view, 0)
         if pos is None:
             return
-        if (self._tail and not self._resync and self._stop_at is not None
-                and self._consumed >= self._stop_at):
-            probe = bytes(self._tail) + bytes(view[pos:pos + self.HEADER])
-            if self._at_stop(probe, 0, len(probe), self._consumed):
-                self._end_range(self._consumed)
-                return
+        if self._tail and not self._resync and self._past_stop(self._consumed):
+            # Whether the range ends at the frame the tail starts with is pending: the tail
+            # holds everything from there until it is decided (bounded by the format's rule).
+            self._tail += view[pos:]
+            held = memoryview(bytes(self._tail))
+            self._tail = bytearray()
+            self._run(held, 0, out)
+            return
         if self._tail and not self._resync:
             pos = self._fill_tail(view, pos)
             if pos is None:
@@ -580,26 +599,31 @@ class LengthPrefixedFramer(FramerBase):
                 self.skipped_bytes += sync - pos
                 pos = sync
                 self._resync = False
-            before = len(out)
-            first = pos
-            pos, status = self._scan(buf, pos, end, out)
-            stop = self._stop_at
-            if stop is not None and base + pos > stop and len(out) > before:
-                at = self._trim(out, before, base + first)
-                if at is not None:
-                    self.records += len(out) - before
-                    self._end_range(at)
-                    return
-            self.records += len(out) - before
-            self._consumed = base + pos
-            if stop is not None and base + pos >= stop and pos < end:
+            if pos < end and self._past_stop(base + pos):
                 ends = self._at_stop(buf, pos, end, base)
                 if ends:
                     self._end_range(base + pos)
                     return
                 if ends is None:
+                    self._consumed = base + pos
                     self._tail = bytearray(buf[pos:])
                     return
+                self._passed = base + pos  # this range's: framed below
+            before = len(out)
+            first = pos
+            pos, status = self._scan(buf, pos, end, out)
+            if self._stop_at is not None and base + pos > self._stop_at and len(out) > before:
+                at = self._trim(out, before, base + first)
+                if at is not None:
+                    # A frame at or past the range's end: ask there (the loop's top).
+                    self.records += len(out) - before
+                    pos = at - base
+                    self._consumed = at
+                    continue
+            self.records += len(out) - before
+            self._consumed = base + pos
+            if pos < end and self._past_stop(base + pos):
+                continue  # decided at the loop's top, before the fault or the tail
             if status == OK:
                 if pos < end and not self._start_rest(buf, pos, end):
                     self._tail = bytearray(buf[pos:])

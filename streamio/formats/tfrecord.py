@@ -22,6 +22,14 @@ from ._tfrecord_sync import find_tfrecord_sync_numpy
 
 HEADER_SIZE = 12
 FOOTER_SIZE = 4
+#: How far a byte-range reader follows the chain of frames from a candidate record start
+#: before it takes it (and the reader before it, before it stops there): a payload that holds
+#: TFRecord frames chaining over less than this is never taken for records (see
+#: ``TFRecordFramer._chain_confirms``). Each range reads about this much past its end and
+#: holds it while it decides.
+CONFIRM_BYTES = 256 * 1024
+_CONFIRM_SPANS = 4096  # frames per call of the hop kernel
+_DEAD_LINKS_MAX = 1 << 16  # offsets remembered as not starting a record
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
@@ -190,6 +198,14 @@ class TFRecordFramer(LengthPrefixedFramer):
         self._spans_kernel = (_fast_scan_spans if fast and _fast_scan_spans is not None
                               else scan_tfrecord_spans)
         self._sync_kernel = _fast_find_tfrecord_sync if fast else find_tfrecord_sync
+        # Byte ranges: the kernel that hops from frame to frame (writing spans, no copies), the span
+        # buffer it writes, how far a pending candidate has chained, and offsets known not to
+        # start a record (their chain broke).
+        self._hop_kernel = (_fast_scan_spans if fast and _fast_scan_spans is not None
+                            else scan_tfrecord_spans)
+        self._confirm_spans = None
+        self._confirm_at: Optional[tuple] = None
+        self._dead_links: set = set()
 
     def _scan(self, buf, pos, end, out):
         return self._kernel(buf, pos, end, self.verify, self.max_record_size, out)
@@ -209,32 +225,74 @@ class TFRecordFramer(LengthPrefixedFramer):
         q = self._sync_kernel(buf, pos, end, self.max_record_size)
         return None if q < 0 else q
 
-    # Byte ranges. A range ends at the first sound header (length CRC) at or past its end; the
-    # next range's reader takes the first sound header whose data CRC checks out, or, if the
-    # data is damaged, that is followed by another sound header (or by the end of the stream),
-    # so a damaged record at a boundary is reported once, by the next reader. A chance header
-    # inside a payload passes both checks with odds of about 2**-64 per offset.
-    def _header_sound(self, buf, pos, end) -> Optional[bool]:
-        if end - pos < HEADER_SIZE:
-            return False if self._at_eof else None
-        length, length_crc = _HEADER.unpack_from(buf, pos)
-        return length <= self.max_record_size and masked_crc32c(buf[pos:pos + 8]) == length_crc
-
+    # Byte ranges: see _chain_confirms. Both sides of a boundary ask it the same question, so
+    # the reader that stops and the one that starts agree on where the next range begins.
     def _at_stop(self, buf, pos, end, base):
-        return self._header_sound(buf, pos, end)
+        return self._chain_confirms(buf, pos, end, base)
 
     def _seek_accepts(self, buf, pos, end, base):
-        stop = pos + self._frame_size(buf, pos)
-        if stop > end:
-            # Cut short by the end of the stream: the previous range's reader stopped at this
-            # sound header (``_at_stop``), so this one frames it and reports the truncation.
-            return True if self._at_eof else None
-        data = buf[stop - FOOTER_SIZE - _HEADER.unpack_from(buf, pos)[0]:stop - FOOTER_SIZE]
-        if masked_crc32c(data) == _U32.unpack_from(buf, stop - FOOTER_SIZE)[0]:
-            return True
-        if stop == end:
-            return True if self._at_eof else None
-        return self._header_sound(buf, stop, end) is not False
+        return self._chain_confirms(buf, pos, end, base)
+
+    def _chain_confirms(self, buf, pos, end, base) -> Optional[bool]:
+        """Whether a record starts at ``buf[pos]`` (stream offset ``base + pos``) for a byte
+        range: the frames from there chain, each whole (length and data CRCs; the length CRC
+        only with ``verify=False``), over at least :data:`CONFIRM_BYTES` or exactly to the end
+        of the stream (a chain that ends in a cut frame, or in bytes too few for a header, does
+        not confirm). None: more bytes are needed. The reader that starts takes the first
+        offset at or after its start that confirms; the reader that stops takes the first of
+        its own frames at or after its stop that confirms. The file's own frames chain to its
+        end and frames inside a payload do not (below), so both find the file's first record
+        start there: the ranges tile the records, each delivered once.
+
+        Why a chain: a payload may hold whole TFRecord frames (TFRecords packed as records).
+        Frames inside a payload chain only inside it: at its end come the outer frame's data
+        CRC and the next header, which make no sound header (save for a CRC collision), so the
+        inner chain breaks within that record, while the file's chain goes on. An offset on a
+        broken chain is remembered as no record start (``_dead_links``: a payload of many small
+        frames is searched once, not once per frame). Damage that breaks the file's own chain
+        makes the reader that stops frame on through it, reporting it, to the next offset that
+        confirms, where the next range starts. Limits: frames inside one payload that chain
+        over more than ``CONFIRM_BYTES``, or frames forged to chain across records, can be
+        taken for records. No rule that reads from a split point on can do better for every
+        file (the bytes after it may be the tail of a record that holds them all): such files
+        need an index."""
+        at = base + pos
+        if at in self._dead_links:
+            return False
+        p = pos
+        if self._confirm_at is not None and self._confirm_at[0] == at:
+            p = max(pos, min(self._confirm_at[1] - base, end))  # already chained this far
+        horizon = pos + CONFIRM_BYTES
+        spans = self._confirm_spans
+        if spans is None:
+            import numpy as np
+
+            spans = self._confirm_spans = np.empty(2 * _CONFIRM_SPANS, np.int64)
+        links = []
+        while p < horizon:
+            n, after, status = self._hop_kernel(buf, p, end, True, self.max_record_size, spans,
+                                                self.verify)
+            if n:
+                links.extend(spans[0:2 * n:2].tolist())
+            p = after
+            if status == OK and n == _CONFIRM_SPANS:
+                continue  # the span buffer was full
+            if p >= horizon:
+                break
+            if status == OK and not self._at_eof:  # the end of the bytes so far
+                self._confirm_at = (at, base + p)
+                return None
+            if status == OK and p == end:
+                break  # chained to the end of the stream exactly
+            if status == TOO_LARGE and p > pos:
+                break  # chained to a sound header; the framer reports its length
+            if len(self._dead_links) < _DEAD_LINKS_MAX:
+                # The frames on this chain break where it does: none of them starts a record.
+                self._dead_links.update(base + q - HEADER_SIZE for q in links)
+                self._dead_links.add(at)
+            return False
+        self._confirm_at = None
+        return True
 
     def _framed_size(self, record):
         return HEADER_SIZE + len(record) + FOOTER_SIZE

@@ -90,7 +90,7 @@ def _layout(states: list, where: str) -> tuple:
         if not layer or layer[:-1] != prefix or layer[-1][0] != n:
             raise UsageError(
                 f"resume states {where}: {n} states must be the {n} shards of one split (each"
-                f" taken by shard(i, {n}) of the same Dataset); state {k} was taken by"
+                f" taken by shard({n}, i) of the same Dataset); state {k} was taken by"
                 f" shard layers {layer}")
         lasts.append(layer[-1][1])
     if sorted(lasts) != list(range(n)):

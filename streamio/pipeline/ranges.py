@@ -5,8 +5,9 @@ record of it: a record belongs to the reader whose range holds its first byte (s
 :class:`~streamio.RecordReader`'s ``byte_range``). That needs a source that can be read from an
 offset (a regular file, an http(s) URL, an s3:// object: :mod:`streamio.sources.ranged`), not
 compressed, in a
-format whose record starts can be found from anywhere (TFRecord, RecordIO, lines; CSV only when
-the user says rows hold no quoted line breaks: ``csv_quoted_newlines=False``). Anything else is
+format whose record starts can be found from anywhere (TFRecord, RecordIO ``"dmlc"``, lines; CSV
+only when the user says rows hold no quoted line breaks: ``csv_quoted_newlines=False``; RecordIO
+``"concat"`` only with an index, since its payloads may be RecordIO data). Anything else is
 dealt round-robin, as before, with a warning saying so once per source.
 
 An index beside the file (``x.tfrecord.index``: DALI's and the ``tfrecord`` package's "offset
@@ -154,6 +155,14 @@ def plan_range(source: Any, format: str, options: dict, layers: tuple) -> Option
     path = _local(source)
     index = find_index(path) if path is not None else None
     starts = _checked_index(source, index, format, options, size) if index is not None else None
+    if starts is None and format == "recordio" and options.get("multipart") == "concat":
+        # A concat payload may be RecordIO data itself (parts joined as they are, magic
+        # numbers kept): its frames chain on into the file's, so no rule read from the middle
+        # can tell them from records. Only an index places the cuts.
+        _fallback(source, "a concat RecordIO payload may hold RecordIO frames, so a record start"
+                  " cannot be found from the middle; `streamio index` writes an index that"
+                  " splits it exactly")
+        return None
     if starts is None:
         return RangePlan((start, end if end < size else None), exact=False)
     # Cut at the first record start at or after each split offset: exact, no resync.

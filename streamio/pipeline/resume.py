@@ -2,10 +2,10 @@
 
 A checkpoint of an epoch is small and JSON-serialisable::
 
-    {"streamio_resume": 1, "epoch": 3, "delivered": 1200, "finished": false,
+    {"streamio_resume": 2, "epoch": 3, "delivered": 1200, "finished": false,
      "seeds": [7, 11], "chain": "<sha256 of the pipeline's description>",
-     "check": "<sha256 of the chain and the seeds>",
-     "shards": [[4, 1]], "place": [0, 1, 1, 2]}
+     "shards": [[4, 1]], "place": [0, 1, 1, 2],
+     "check": "<sha256 of every other field>-<4 hex digits per field>"}
 
 ``shards`` (the ``shard(n, i)`` calls) and ``place`` (rank, world size, worker, workers) say
 where the reader sat: what an elastic resume (a list of every shard's states, on another
@@ -54,40 +54,53 @@ unknown (None). Otherwise the skipped batches are dropped before the decoder (ev
 stages.
 
 A state is input (a checkpoint file, a DataLoader's state dict): every field is checked before it
-is used (:func:`check_fields`: types and ranges; :func:`check_state`: against the pipeline), and a
-state that does not fit is a :class:`~streamio.UsageError` naming the field. ``seeds`` must be
-``None`` exactly where a stage has no seed and equal every seed the pipeline was given
-explicitly; a seed the pipeline drew itself (``seed=None``) comes from the state, bound to the
-chain by ``check``, so a changed seed cannot pass for the epoch that was interrupted. A
-``delivered`` count beyond the end of the epoch is an error when the replay gets there.
+is used (:func:`check_fields`: types and sizes first, so a hostile object costs no more than its
+own size to refuse, then ``check``; :func:`check_state`: against the pipeline), and a state that
+does not fit is a :class:`~streamio.UsageError` naming the field. ``check`` covers every other
+field: a SHA-256 of them all (canonical JSON, 128 bits kept), then a short digest of each, so a field edited after the state was taken (``delivered``, ``finished``, ``epoch``,
+``shards``, ``place``, ``seeds``, a nested elastic state...) is named in the error. The digests
+are **unkeyed**: they catch accidents (a hand-edited or truncated checkpoint, a state of another
+pipeline, a merge of two checkpoints), not someone who can write the checkpoint and recompute
+them (:func:`seal` is public); a checkpoint is trusted input, like model weights
+(docs/security.md). States of version 1 (streamio before this check; their ``check`` covered the
+seeds only) are refused with an error that says so. ``seeds`` must be ``None`` exactly where a
+stage has no seed and equal every seed the pipeline was given explicitly; a seed the pipeline
+drew itself (``seed=None``) comes from the state. A ``delivered`` count beyond the end of the
+epoch is an error when the replay gets there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ..errors import StreamioWarning, UsageError, UsageTypeError
+from ..errors import UsageError, UsageTypeError
 from .stages import close_blocks, describe_stage
 
 __all__ = ["STATE_VERSION", "Deal", "FastForward", "Selection", "SkipFirst", "check_fields",
-           "check_state", "describe_chain", "plan_fast_forward", "select_batches", "select_items"]
+           "check_state", "describe_chain", "plan_fast_forward", "seal", "select_batches",
+           "select_items"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 _KEY = "streamio_resume"
 _FIELDS = (_KEY, "epoch", "delivered", "finished", "seeds", "chain", "check", "shards", "place",
            "stream", "elastic")
+#: The fields ``check`` covers (every field but itself), each with a digest of its own.
+_COVERED = tuple(f for f in _FIELDS if f != "check")
+#: The most stages (so seeds) a state may name.
+_MAX_STAGES = 4096
 #: An elastic state holds the states it resumed from; bounds on what a state may hold.
 _MAX_NESTING = 4
 _MAX_SHARDS = 65536
 _MAX_LAYERS = 16
 #: Epochs and item counts beyond this are not a real run's (and would overflow int64 counters).
 _MAX_COUNT = 2 ** 63 - 1
+#: A state's seeds are ints >= 0 of at most 1024 bits (a bound on the work of reading one).
+_MAX_SEED = 2 ** 1024 - 1
 
 
 def _source_key(source: Any) -> str:
@@ -157,11 +170,6 @@ def stream_share(ds: Any) -> Optional[list]:
     return None if dealt is None else [int(dealt[0]), int(dealt[1])]
 
 
-def _seeds_check(chain: str, seeds: list) -> str:
-    """Binds the seeds to the chain: a seed changed in a state no longer matches."""
-    return hashlib.sha256(json.dumps([chain, seeds]).encode()).hexdigest()[:32]
-
-
 def make_state(ds: Any, epoch: int, delivered: int, finished: bool,
                elastic: Optional[dict] = None) -> dict:
     """The state of ``ds``'s epoch ``epoch`` once ``delivered`` items went out. ``shards`` and
@@ -174,7 +182,6 @@ def make_state(ds: Any, epoch: int, delivered: int, finished: bool,
     ctx = ds._context
     state = {_KEY: STATE_VERSION, "epoch": int(epoch), "delivered": int(delivered),
              "finished": bool(finished), "seeds": seeds, "chain": chain,
-             "check": _seeds_check(chain, seeds),
              "shards": [list(layer) for layer in ds._shard_layers],
              "place": [ctx.rank, ctx.world_size, ctx.worker, ctx.num_workers]}
     dealt = stream_share(ds)
@@ -182,7 +189,74 @@ def make_state(ds: Any, epoch: int, delivered: int, finished: bool,
         state["stream"] = dealt
     if elastic is not None:
         state["elastic"] = elastic
+    return seal(state)
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _digests(state: dict) -> str:
+    """``check`` for ``state``: a digest of every covered field (``all``), then, after a ``-``,
+    4 hex digits per field present, in :data:`_COVERED`'s order (its name and value: a value
+    moved to another field does not match), which name the fields an edit changed."""
+    fields = {key: state[key] for key in _COVERED if key in state}
+    each = "".join(_digest([key, value])[:4] for key, value in fields.items())
+    return f"{_digest(fields)[:32]}-{each}"
+
+
+def seal(state: dict) -> dict:
+    """``state`` with its ``check`` (re)computed over its other fields: what :func:`make_state`
+    does. Unkeyed (anyone can call it): ``check`` catches accidents, not forgery."""
+    state = {key: value for key, value in state.items() if key != "check"}
+    state["check"] = _digests(state)
     return state
+
+
+def _check_integrity(state: dict) -> None:
+    """``state``'s fields against its ``check``; a UsageError names the fields that changed."""
+    check = state.get("check")
+    if not (isinstance(check, str) and len(check) <= 33 + 4 * len(_COVERED)):
+        raise UsageError(f"resume state: 'check' must be the digest make_state() wrote, not"
+                         f" {_brief(check)}")
+    want = _digests(state)
+    if check == want:
+        return
+    present = [key for key in _COVERED if key in state]
+    mine, theirs = want.partition("-")[2], check.partition("-")[2]
+    if len(theirs) == len(mine):
+        changed = [key for k, key in enumerate(present)
+                   if mine[4 * k:4 * k + 4] != theirs[4 * k:4 * k + 4]]
+        if changed:
+            raise UsageError(f"resume state: field(s) {changed} do not match the state's"
+                             " 'check': the state was changed after it was taken (or is"
+                             " damaged); it would skip or repeat records. Use the state as"
+                             " state_dict() wrote it")
+    raise UsageError(f"resume state: its 'check' does not match its fields (it covers"
+                     f" {', '.join(_COVERED)}; this state has {', '.join(present)}): the"
+                     " state was changed after it was taken (a field added or removed?)")
+
+
+def _brief(value: Any, depth: int = 0) -> str:
+    """``value`` for an error message, in bounded time and space whatever it is (a state may be
+    a Python object of any depth or size: its repr is not taken)."""
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if value.bit_length() <= 128 else f"<an int of {value.bit_length()} bits>"
+    if isinstance(value, str):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    if isinstance(value, (list, tuple, dict)):
+        if depth >= 2 or len(value) > 6:
+            return f"<a {type(value).__name__} of {len(value)} items>"
+        if isinstance(value, dict):
+            inner = ", ".join(f"{_brief(k, depth + 1)}: {_brief(v, depth + 1)}"
+                              for k, v in value.items())
+            return "{" + inner + "}"
+        inner = ", ".join(_brief(v, depth + 1) for v in value)
+        return f"[{inner}]"
+    return f"<a {type(value).__name__}>"
 
 
 def _int_list(value: Any, length: Optional[int] = None) -> bool:
@@ -199,84 +273,100 @@ def _check_layout(state: dict) -> None:
                 for layer in shards)):
             raise UsageError(f"resume state: 'shards' must be a list of at most {_MAX_LAYERS}"
                              f" [num_shards, index] pairs (2 <= num_shards <= {_MAX_SHARDS},"
-                             f" index < num_shards), not {shards!r:.80}")
+                             f" index < num_shards), not {_brief(shards)}")
     if "stream" in state:
         stream = state["stream"]
         if not (_int_list(stream, 2) and 2 <= stream[0] <= _MAX_SHARDS and stream[1] < stream[0]):
             raise UsageError(f"resume state: 'stream' must be [readers, index] with 2 <= readers"
-                             f" <= {_MAX_SHARDS} and index < readers, not {stream!r:.80}")
+                             f" <= {_MAX_SHARDS} and index < readers, not {_brief(stream)}")
     if "place" in state:
         place = state["place"]
         if not (_int_list(place, 4) and place[0] < place[1] <= _MAX_SHARDS
                 and place[2] < place[3] <= _MAX_SHARDS):
             raise UsageError("resume state: 'place' must be [rank, world_size, worker,"
                              f" num_workers] with rank < world_size and worker < num_workers,"
-                             f" not {place!r:.80}")
+                             f" not {_brief(place)}")
 
 
 def _check_elastic(state: dict, depth: int) -> None:
     if "elastic" not in state:
         return
     elastic = state["elastic"]
-    if not isinstance(elastic, dict) or sorted(elastic) != ["deal", "from"]:
+    if not isinstance(elastic, dict) or len(elastic) != 2 or sorted(map(str, elastic)) != [
+            "deal", "from"]:
         raise UsageError("resume state: 'elastic' must be {\"from\": [states], \"deal\": [m, j]},"
-                         f" not {elastic!r:.80}")
+                         f" not {_brief(elastic)}")
     deal = elastic["deal"]
     if not (_int_list(deal, 2) and 1 <= deal[0] <= _MAX_SHARDS and deal[1] < deal[0]):
         raise UsageError(f"resume state: 'elastic' 'deal' must be [num_shards, index] with"
-                         f" index < num_shards, not {deal!r:.80}")
+                         f" index < num_shards, not {_brief(deal)}")
     old = elastic["from"]
     if not isinstance(old, list) or not 1 <= len(old) <= _MAX_SHARDS:
         raise UsageError(f"resume state: 'elastic' 'from' must be a list of 1 to {_MAX_SHARDS}"
-                         " resume states")
+                         f" resume states, not {_brief(old)}")
     if depth >= _MAX_NESTING:
         raise UsageError(f"resume state: elastic resumes nested more than {_MAX_NESTING} deep")
-    for inner in old:
-        check_fields(inner, _depth=depth + 1)
+    for k, inner in enumerate(old):
+        try:
+            check_fields(inner, _depth=depth + 1)
+        except UsageError as exc:
+            raise UsageError(f"resume state: 'elastic' 'from'[{k}]: {exc}") from None
 
 
 def _count(state: dict, key: str) -> int:
     value = state.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
         raise UsageError(f"resume state: {key!r} must be an int in [0, 2**63), not"
-                         f" {value!r:.80}")
+                         f" {_brief(value)}")
     return value
 
 
+def _check_seeds(state: dict) -> None:
+    seeds = state.get("seeds")
+    if not (isinstance(seeds, list) and len(seeds) <= _MAX_STAGES) or not all(
+            seed is None or (isinstance(seed, int) and not isinstance(seed, bool)
+                             and 0 <= seed <= _MAX_SEED)
+            for seed in seeds):
+        raise UsageError(f"resume state: 'seeds' must be a list of at most {_MAX_STAGES} ints"
+                         f" >= 0 (at most 1024 bits) and nulls, not {_brief(seeds)}")
+
+
 def check_fields(state: Any, _depth: int = 0) -> dict:
-    """``state``'s fields checked on their own (types and ranges), before anything uses them:
-    a :class:`~streamio.UsageError` names the field that is wrong."""
+    """``state``'s fields checked on their own (types and sizes, then ``check``), before
+    anything uses them: a :class:`~streamio.UsageError` names the field that is wrong. Bounded
+    time and memory whatever ``state`` is (no repr of what it holds)."""
     if not isinstance(state, dict):
         raise UsageTypeError(f"a resume state is a dict (from state_dict()), not"
                              f" {type(state).__name__}")
     version = state.get(_KEY)
+    if version == 1 and not isinstance(version, bool):
+        raise UsageError(f"resume state of version 1 ({_KEY!r}: 1, written by a streamio before"
+                         " 'check'"
+                         " covered every field): not accepted, since its 'delivered', 'finished',"
+                         " 'epoch', 'shards' and 'place' cannot be verified. Resume it with the"
+                         " streamio that wrote it, or start the epoch again")
     if isinstance(version, bool) or version != STATE_VERSION:
+        keys = sorted(_brief(key) for key in list(state)[:8])
         raise UsageError(f"not a streamio resume state: {_KEY!r} must be {STATE_VERSION}, not"
-                         f" {version!r:.80} (keys {sorted(map(str, state))[:8]})")
-    unknown = sorted(str(key) for key in state if key not in _FIELDS)
+                         f" {_brief(version)} (keys {keys})")
+    unknown = [key for key in state if key not in _FIELDS]
     if unknown:
-        raise UsageError(f"resume state: unknown field(s) {unknown[:8]} (fields:"
-                         f" {', '.join(_FIELDS)})")
+        raise UsageError(f"resume state: unknown field(s) {[_brief(k) for k in unknown[:8]]}"
+                         f" (fields: {', '.join(_FIELDS)})")
     _count(state, "epoch")
     _count(state, "delivered")
     if not isinstance(state.get("finished"), bool):
         raise UsageError(f"resume state: 'finished' must be true or false, not"
-                         f" {state.get('finished')!r:.80}")
-    seeds = state.get("seeds")
-    if not isinstance(seeds, list) or not all(
-            seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0)
-            for seed in seeds):
-        raise UsageError(f"resume state: 'seeds' must be a list of ints >= 0 and nulls, not"
-                         f" {seeds!r:.80}")
-    for key in ("chain", "check"):
-        value = state.get(key)
-        if (key in state or key == "chain") and not (
-                isinstance(value, str) and len(value) == 32
-                and all(c in "0123456789abcdef" for c in value)):
-            raise UsageError(f"resume state: {key!r} must be a digest of 32 hex digits, not"
-                             f" {value!r:.80}")
+                         f" {_brief(state.get('finished'))}")
+    _check_seeds(state)
+    value = state.get("chain")
+    if not (isinstance(value, str) and len(value) == 32
+            and all(c in "0123456789abcdef" for c in value)):
+        raise UsageError(f"resume state: 'chain' must be a digest of 32 hex digits, not"
+                         f" {_brief(value)}")
     _check_layout(state)
     _check_elastic(state, _depth)
+    _check_integrity(state)
     return state
 
 
@@ -299,7 +389,8 @@ def check_state(ds: Any, state: Any) -> dict:
                                  ds._context.num_workers]),
                       ("stream", stream_share(ds))):
         if (key in state or mine is None) and state.get(key) != mine:
-            raise UsageError(f"resume state: {key!r} is {state[key]}, this Dataset's is {mine}:"
+            raise UsageError(f"resume state: {key!r} is {_brief(state.get(key))}, this Dataset's is"
+                             f" {mine}:"
                              " the state is another shard's (give the list of every shard's"
                              " states to resume on another layout)")
     chain = describe_chain(with_seeds(ds, seeds))
@@ -307,12 +398,6 @@ def check_state(ds: Any, state: Any) -> dict:
         raise UsageError("resume state: 'chain' says it was taken from a different pipeline"
                          " (other sources, format, options, stages, shard or worker/rank);"
                          " rebuild the Dataset as it was when the state was taken")
-    if "check" not in state:
-        warnings.warn("resume state without 'check' (from an older streamio): its seeds cannot"
-                      " be verified", StreamioWarning, stacklevel=3)
-    elif state["check"] != _seeds_check(chain, seeds):
-        raise UsageError("resume state: its 'seeds' do not match its 'check': the state was"
-                         " changed after it was taken, and would replay a different epoch")
     return state
 
 

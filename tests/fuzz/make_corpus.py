@@ -462,6 +462,11 @@ def resume_state_seeds(rng: random.Random) -> List[bytes]:
         seeds.append(T.encode_resume_state(state))
     seeds.append(T.encode_resume_state({**state, "seeds": [2, None, 2]}))
     seeds.append(T.encode_resume_state({**state, "delivered": 10 ** 6}))
+    # Sealed again (check recomputed): past the check, so the later checks are reached.
+    from streamio.pipeline.resume import seal
+
+    seeds.append(T.encode_resume_state(seal({**state, "seeds": [2, None, 2]})))
+    seeds.append(T.encode_resume_state(seal({**state, "delivered": 10 ** 6})))
     seeds.append(T.encode_resume_state({**state, "epoch": "1", "finished": "no"}))
     # Elastic: the states of 2 shards (a list), and the state of an epoch resumed from them.
     shards = []
@@ -476,6 +481,34 @@ def resume_state_seeds(rng: random.Random) -> List[bytes]:
     seeds.append(T.encode_resume_state(it.state_dict()))
     it.close()
     return seeds
+
+
+def byte_ranges_seeds(rng: random.Random) -> List[bytes]:
+    """Valid files whose payloads hold whole frames of their format (a frame, a stream of
+    them, a frame of a frame), as payloads and as files, cut 2 to 8 ways; and damaged ones."""
+    from streamio.formats import encode_recordio, encode_tfrecord
+
+    seeds = []
+    for recordio, encode in ((False, encode_tfrecord), (True, encode_recordio)):
+        for k in range(6):
+            payloads = []
+            for i in range(rng.randint(1, 8)):
+                plain = rng.randbytes(rng.randint(0, 30))
+                kind = (i + k) % 4
+                body = (plain if kind == 0 else encode(plain) if kind == 1 else
+                        encode(encode(plain)) if kind == 2 else
+                        b"".join(encode(rng.randbytes(rng.randint(0, 9))) for _ in range(3)))
+                payloads.append(body[:255])
+            packed = b"".join(bytes([len(p)]) + p for p in payloads)
+            file = b"".join(encode(p) for p in payloads)
+            for skip in (False, True):
+                seeds.append(T.encode_byte_ranges(packed, recordio=recordio, skip=skip,
+                                                  payloads=True, n=k, cut_seed=k))
+                damaged = bytearray(file)
+                damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+                seeds.append(T.encode_byte_ranges(bytes(damaged), recordio=recordio, skip=skip,
+                                                  n=k + 1, cut_seed=k))
+    return [s for s in seeds if len(s) <= MAX_SEED]
 
 
 def cache_file_seeds(rng: random.Random) -> List[bytes]:
@@ -547,6 +580,7 @@ SEEDS = {
     "shared_wire": shared_wire_seeds,
     "resume_state": resume_state_seeds,
     "cache_file": cache_file_seeds,
+    "byte_ranges": byte_ranges_seeds,
 }
 
 

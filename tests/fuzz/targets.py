@@ -1008,6 +1008,85 @@ def run_resume_state(ck: ModuleType, data: bytes) -> None:
     expect_equal("resumed items", got, epochs[epoch][state["delivered"]:])
 
 
+# --- byte-range splits: where a range reader starts and stops -----------------------------------
+
+def encode_byte_ranges(stream: bytes, *, recordio: bool = False, skip: bool = False,
+                       payloads: bool = False, n: int = 2, cut_seed: int = 0) -> bytes:
+    flags = recordio | skip << 1 | payloads << 2
+    return struct.pack("<BBB", flags, n, cut_seed) + stream
+
+
+def _payloads_of(stream: bytes) -> List[bytes]:
+    """``stream`` cut into payloads, each ``len u8 | bytes``."""
+    out, at = [], 0
+    while at < len(stream):
+        size = stream[at]
+        out.append(stream[at + 1:at + 1 + size])
+        at += 1 + size
+    return out
+
+
+def _range_events(fmt: str, data: bytes, bounds: List[int], skip: bool, cut_seed: int,
+                  accelerate: bool) -> list:
+    """Each range of ``data`` (``bounds``: the split offsets, 0 and the size included) read by
+    a range framer fed in pieces: its records, or its error, and its counters."""
+    from streamio.errors import FormatError
+    from streamio.formats.recordio import RecordIOFramer
+    from streamio.formats.tfrecord import TFRecordFramer
+
+    cls = RecordIOFramer if fmt == "recordio" else TFRecordFramer
+    events = []
+    for a, b in zip(bounds, bounds[1:]):
+        framer = cls(source="range", on_error="skip" if skip else "raise", accelerate=accelerate)
+        origin = framer.start_range(a, None if b >= len(data) else b)
+        rest = data[origin:]
+        cuts = _cuts(cut_seed + a, len(rest))
+        got: list = []
+        try:
+            for lo, hi in zip([0] + cuts, cuts + [len(rest)]):
+                got += framer.feed(rest[lo:hi])
+            got += framer.finish()
+            got += framer.finish()  # raises a fault finish() met
+            events.append(("records", got))
+        except FormatError as err:
+            events.append(("error", got, type(err), err.offset, str(err)))
+        events.append(("counters", framer.skipped_records))
+    return events
+
+
+def run_byte_ranges(ck: ModuleType, data: bytes) -> None:
+    """Input: ``flags u8 | n u8 | cut seed u8 | stream``. flags: bit 0 RecordIO (dmlc), else
+    TFRecord; bit 1 on_error="skip"; bit 2: ``stream`` holds payloads (``len u8 | bytes``
+    each) written as a valid file, else it is the file. ``2 + n % 7`` ranges
+    (``split_range``), each framer fed in pieces. The range framers with the C kernels and
+    with the Python code (``accelerate=False``) give the same events; a valid file's ranges
+    give exactly its records, once each, with no error and nothing skipped (the range rule,
+    ``TFRecordFramer._chain_confirms``: payloads may hold frames, as the seeds' do)."""
+    from streamio.formats import encode_recordio, encode_tfrecord
+    from streamio.sources.ranged import split_range
+
+    head = Input(data)
+    flags, n, cut_seed = head.byte(), 2 + head.byte() % 7, head.byte()
+    fmt = "recordio" if flags & 1 else "tfrecord"
+    stream = data[head.pos:]
+    records = None
+    if flags & 4:
+        records = _payloads_of(stream)
+        encode = encode_recordio if fmt == "recordio" else encode_tfrecord
+        stream = b"".join(encode(r) for r in records)
+    bounds = [split_range(len(stream), ((n, i),))[0] for i in range(n)] + [len(stream)]
+    fast = _range_events(fmt, stream, bounds, bool(flags & 2), cut_seed, True)
+    slow = _range_events(fmt, stream, bounds, bool(flags & 2), cut_seed, False)
+    expect_equal("range events", fast, slow)
+    if records is not None:
+        got = [r for event in fast if event[0] == "records" for r in event[1]]
+        bad = [event for event in fast if event[0] == "error" or event[0] == "counters"
+               and event[1]]
+        if bad or got != records:
+            raise Mismatch(f"the ranges of a valid file gave {got!r:.300} and {bad!r:.300},"
+                           f" not its records {records!r:.300}")
+
+
 # --- pure-Python parsers of hostile bytes: cache files ------------------------------------------
 
 def encode_cache_file(data: bytes) -> bytes:
@@ -1141,6 +1220,10 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
     Target("shared_wire", (), run_shared_wire, ("streamio.sharing._wire",)),
     # No kernel: a checkpoint's resume state (JSON a restarted job reads back).
     Target("resume_state", (), run_resume_state, ("streamio.pipeline.resume",)),
+    # The range rule (where a byte-range reader starts and stops), C kernels against Python.
+    Target("byte_ranges", ("scan_tfrecord_spans",), run_byte_ranges,
+           ("streamio.formats._framing", "streamio.formats.tfrecord",
+            "streamio.formats.recordio")),
     # No kernel: a cache file (Dataset.cache(directory)) another local user could have written.
     Target("cache_file", (), run_cache_file, ("streamio.pipeline.cache",)),
 ]}

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 import streamio
 from streamio.decoders import Example, FixedLen, encode_example
 from streamio.errors import UsageError
+from streamio.pipeline.resume import seal
 
 from hostile_http import HostileHTTPServer
 
@@ -213,12 +214,17 @@ def test_lists_that_are_not_every_shard_of_one_run_are_refused(sources):
     _, states = _interrupt(make, 3, [1, 2, 3])
     with pytest.raises(UsageError, match=r"shard\(s\) \[1\] missing"):
         make().iter_from([states[0], states[2], states[0]])
-    with pytest.raises(UsageError, match="2 states must be the 2 shards"):
+    # the hint gives shard()'s signature, shard(num_shards, index) (issue #41, item 9)
+    with pytest.raises(UsageError, match=r"2 states must be the 2 shards of one split \(each"
+                                         r" taken by shard\(2, i\) of the same Dataset\)"):
         make().iter_from(states[:2])  # two of a 3-way split
     with pytest.raises(UsageError, match="empty"):
         make().iter_from([])
     later = json.loads(json.dumps(states[1]))
     later["epoch"] = 1
+    with pytest.raises(UsageError, match=r"states\[1\]: .*field\(s\) \['epoch'\] do not match"):
+        make().iter_from([states[0], later, states[2]])  # edited: its check says so
+    later = seal(later)  # as if taken an epoch later
     with pytest.raises(UsageError, match="different epochs"):
         make().iter_from([states[0], later, states[2]])
     with pytest.raises(UsageError, match="needs the same Dataset"):
@@ -231,13 +237,13 @@ def test_a_state_that_does_not_fit_its_shard_is_refused(sources):
     other = lambda: _make(sources["files"], "shuffle-batch-prefetch", 9, 50)  # noqa: E731
     with pytest.raises(UsageError, match="different pipeline"):
         other().iter_from(states)  # another batch size: the old shards' chains do not match
-    swapped = [dict(states[0], place=[0, 1, 0, 1], shards=[[2, 1]]), states[1]]
+    swapped = [seal(dict(states[0], place=[0, 1, 0, 1], shards=[[2, 1]])), states[1]]
     with pytest.raises(UsageError):
         make().iter_from(swapped)
     for bad in ({"shards": [[1, 0]]}, {"shards": [[2, 2]]}, {"place": [1, 1, 0, 1]},
                 {"elastic": {"from": [], "deal": [1, 0]}}, {"elastic": {"deal": [2, 2]}}):
         with pytest.raises(UsageError):
-            make().iter_from([dict(states[0], **bad), states[1]])
+            make().iter_from([seal(dict(states[0], **bad)), states[1]])
 
 
 def test_copies_of_a_stream_read_once_are_not_elastic(tmp_path, sources):

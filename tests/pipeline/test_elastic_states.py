@@ -14,6 +14,7 @@ import pytest
 
 import streamio
 from streamio.errors import StreamioError, UsageError
+from streamio.pipeline.resume import seal
 
 from support.examples import ID_X, write_id_parts
 
@@ -62,8 +63,11 @@ def four(sources):
 
 
 def _edited(states: list, k: int, **fields) -> list:
+    """State ``k`` with other fields, sealed again (``check`` recomputed): as a state taken from
+    another pipeline or layout would be, so the checks behind ``check`` are what refuses it
+    (an edit left unsealed is refused by ``check``: tests/pipeline/test_resume_state.py)."""
     out = copy.deepcopy(states)
-    out[k].update(fields)
+    out[k] = seal({**out[k], **fields})
     return out
 
 

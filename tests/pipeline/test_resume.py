@@ -20,6 +20,7 @@ import streamio
 from streamio import Dataset
 from streamio.decoders import Example, FixedLen, encode_example
 from streamio.errors import UsageError
+from streamio.pipeline.resume import seal
 
 from hostile_http import HostileHTTPServer
 from support.clean_workers import context_for
@@ -285,7 +286,7 @@ def test_a_stage_that_does_not_declare_its_order_cannot_resume(sources):
     next(it)
     state = it.state_dict()
     opaque = ds._with_stage(_Opaque(3))
-    state = dict(state, seeds=state["seeds"] + [None])
+    state = seal(dict(state, seeds=state["seeds"] + [None]))
     with pytest.raises(UsageError, match="cannot resume mid-epoch through"):
         opaque.iter_from(state)
 

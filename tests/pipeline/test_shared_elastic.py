@@ -26,6 +26,7 @@ import streamio
 import streamio.sharing.dealer as dealer
 from streamio.decoders import Example, FixedLen, encode_example
 from streamio.errors import SourceError, UsageError
+from streamio.pipeline.resume import seal
 from streamio.sharing.stream import SharedStreamFeed
 
 N = 1500
@@ -370,7 +371,9 @@ def _one(files: dict, readers: int, index: int) -> Any:
 
 
 def _tampered(state: dict, stream: list) -> dict:
-    return dict(json.loads(json.dumps(state)), stream=stream)
+    """``state`` claiming another share, sealed again (``check`` recomputed), so the checks
+    against the layout are what refuse it (unsealed, ``check`` does)."""
+    return seal(dict(json.loads(json.dumps(state)), stream=stream))
 
 
 def test_states_of_different_reader_counts_are_refused(files, interrupted):
