@@ -97,7 +97,8 @@ from ..sources import PipeChannel
 from . import check_splittable, is_single_stream, source_groups
 from ._torch_device import (DEFAULT_DEPTH, DEFAULT_EVEN_BATCHES, DevicePrefetcher, even_batches,
                             to_device)
-from ._torch_transport import _for_transport, convert_batch
+from ._torch_slots import for_transport as _for_transport
+from ._torch_transport import convert_batch
 
 torch = require("torch", "torch")
 
