@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-#: The part files the files case splits between the workers.
+#: The part files the files case splits between the workers (or one per worker, if more).
 PARTS = 4
 DEFAULT_RECORDS = 1_000_000
 DEFAULT_ROUNDS = 5
@@ -133,7 +133,7 @@ def _run_fresh(job: dict, fifo_src: str, tmpdir: str, timeout: float) -> float:
                 os.unlink(f"{job['channel']}_{epoch}")
 
 
-def _write(tmp: str, records: int) -> tuple:
+def _write(tmp: str, records: int, parts_count: int = PARTS) -> tuple:
     import streamio
 
     from .workloads import example_payloads
@@ -143,15 +143,41 @@ def _write(tmp: str, records: int) -> tuple:
     whole = os.path.join(tmp, "all.tfrecord")
     streamio.write_records(whole, "tfrecord", rows)
     parts = []
-    for k in range(PARTS):
+    for k in range(parts_count):
         part = os.path.join(tmp, f"part-{k}.tfrecord")
-        streamio.write_records(part, "tfrecord", rows[k::PARTS])
+        streamio.write_records(part, "tfrecord", rows[k::parts_count])
         parts.append(part)
     return whole, parts
 
 
 def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def measure(records: int, rounds: int, sizes: list, workers: list, sources: list, *,
+            floor: bool = True, timeout: float = 300.0, log=None) -> tuple:
+    """``({"source/bsN/mode": [records/s per round]}, modes)``: every mode, source and batch
+    size once per round, each in a fresh process (see the module docstring)."""
+    modes = ["numpy", "w0"] + [f"w{w}" for w in workers]
+    if floor:
+        modes += [f"floor-w{w}" for w in workers]
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        whole, parts = _write(tmp, records, max([PARTS, *workers]))
+        for rnd in range(rounds):
+            for source in sources:
+                for bs in sizes:
+                    for mode in modes:
+                        if mode.startswith("floor") and source != sources[0]:
+                            continue  # no input: once per batch size is enough
+                        job = {"mode": mode, "batch_size": bs, "records": records,
+                               "source": source, "paths": parts}
+                        rate = _run_fresh(job, whole, tmp, timeout)
+                        key = f"{source}/bs{bs}/{mode}"
+                        results.setdefault(key, []).append(rate)
+                        print(f"  round {rnd} {key}: {rate / 1e6:.3f}M rec/s (load {_load()})",
+                              file=log or sys.stderr, flush=True)
+    return results, modes
 
 
 def main(argv=None) -> int:
@@ -176,27 +202,10 @@ def main(argv=None) -> int:
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     workers = [int(w) for w in args.workers.split(",")]
     sources = [s.strip() for s in args.sources.split(",")]
-    modes = ["numpy", "w0"] + [f"w{w}" for w in workers]
-    if not args.no_floor:
-        modes += [f"floor-w{w}" for w in workers]
-    results: dict = {}
     print(f"{args.records} Examples (float32[32] + int64), second epoch, {args.rounds} rounds;"
           f" load average before: {_load()}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        whole, parts = _write(tmp, args.records)
-        for rnd in range(args.rounds):
-            for source in sources:
-                for bs in sizes:
-                    for mode in modes:
-                        if mode.startswith("floor") and source != sources[0]:
-                            continue  # no input: once per batch size is enough
-                        job = {"mode": mode, "batch_size": bs, "records": args.records,
-                               "source": source, "paths": parts}
-                        rate = _run_fresh(job, whole, tmp, args.timeout)
-                        key = f"{source}/bs{bs}/{mode}"
-                        results.setdefault(key, []).append(rate)
-                        print(f"  round {rnd} {key}: {rate / 1e6:.3f}M rec/s (load {_load()})",
-                              file=sys.stderr, flush=True)
+    results, modes = measure(args.records, args.rounds, sizes, workers, sources,
+                             floor=not args.no_floor, timeout=args.timeout)
     report = _report(results, sources, sizes, modes)
     report["load_after"] = _load()
     print(f"load average after: {report['load_after']}")
