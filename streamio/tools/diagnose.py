@@ -128,11 +128,11 @@ class Diagnosis:
             lines.append(name.ljust(width) + "".join(fmt(r).rjust(colw) for r in runs))
         if self.source_limit_mb_s is not None:
             lines.append(f"raw read of the same files: {self.source_limit_mb_s:,.1f} MB/s")
+        if self.num_workers is not None:
+            lines.append(f"DataLoader: num_workers={self.num_workers} ({self.num_workers_reason})")
         lines.append("")
         lines.append(f"bottleneck: {self.bottleneck}-bound. {self.explanation}")
         lines.append(f"suggestion: {self.suggestion}")
-        if self.num_workers is not None:
-            lines.append(f"DataLoader: num_workers={self.num_workers} ({self.num_workers_reason})")
         return "\n".join(lines)
 
     def plot(self, path: str) -> bool:
