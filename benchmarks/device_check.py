@@ -7,7 +7,9 @@ everything printed to ``DIR/log.txt``, so a run cut short still leaves the rows 
 
 Sections: ``env`` (versions, GPU, whether the C extension built), ``cuda-tests`` (``pytest -m
 cuda``), ``overlap`` (to_device's hidden copy share), ``gpu-decode`` (nvJPEG against the CPU
-path), ``scaling`` (one FIFO, 1..14 decoders, against the in-memory rate on as many threads).
+path), ``scaling`` (one FIFO, 1..14 decoders, against the in-memory rate on as many threads),
+``torch-workers`` (``to_torch()`` through ``DataLoader(num_workers=0, 2, 4, 8, 14)`` against
+numpy iteration in one process; ``--only torch-workers`` runs it alone in ~90 s).
 ``--dry-run`` (a CPU machine, CI): small sizes, the CUDA rows reported as skipped, the GPU
 decode row run through the same torch code on the CPU.
 """
@@ -30,10 +32,16 @@ sys.path.insert(0, ROOT)
 
 # Seconds per section at most on the GPU machine, and for all of them together (TOTAL, which
 # cuts the last sections short if the first ones ran long): with the install (~30 s) the run
-# fits the ~8 minutes the check gets. The dry run's are for 2 shared cores.
-BUDGET = {"env": 30, "cuda-tests": 110, "overlap": 30, "gpu-decode": 60, "scaling": 170}
-DRY_BUDGET = {"env": 30, "cuda-tests": 60, "overlap": 20, "gpu-decode": 40, "scaling": 60}
-TOTAL, DRY_TOTAL = 400, 240
+# fits the ~9 minutes the check gets (the torch-workers section last: cut short first). The dry
+# run's are for 2 shared cores.
+BUDGET = {"env": 30, "cuda-tests": 110, "overlap": 30, "gpu-decode": 60, "scaling": 170,
+          "torch-workers": 90}
+DRY_BUDGET = {"env": 30, "cuda-tests": 60, "overlap": 20, "gpu-decode": 40, "scaling": 60,
+              "torch-workers": 60}
+TOTAL, DRY_TOTAL = 490, 300
+#: The torch-workers section: DataLoader worker counts on the GPU host, and its Examples.
+TORCH_WORKERS = [2, 4, 8, 14]
+TORCH_WORKERS_RECORDS = 1_000_000
 IMAGES, DRY_IMAGES = 3000, 256
 DECODERS = [1, 2, 4, 8, 14]
 ROW = "ROW\t"
@@ -201,8 +209,30 @@ def section_scaling(dry: bool) -> None:
             last = r
 
 
+def section_torch_workers(dry: bool) -> None:
+    """to_torch() through DataLoader(num_workers=N) on a many-core host, from part files, against
+    numpy iteration of the same Dataset in one process (streamio bench --workloads
+    torch-workers, one round: the section's budget allows no more)."""
+    import statistics
+
+    from streamio.bench.torch_workers import measure
+
+    records = 50_000 if dry else TORCH_WORKERS_RECORDS
+    counts = [2] if dry else TORCH_WORKERS
+    results, modes = measure(records, 1, [256], counts, ["files"], floor=False, timeout=60,
+                             log=sys.stdout)
+    base = statistics.median(results["files/bs256/numpy"])
+    for mode in modes[1:]:
+        rate = statistics.median(results[f"files/bs256/{mode}"])
+        row(f"to_torch(), DataLoader(num_workers={mode[1:]}), {records:,} Examples, batch 256,"
+            " part files", f"{rate:,.0f} rec/s = {rate / base:.2f}x numpy in one process"
+            f" ({base:,.0f}/s)", "workers add throughput" if mode != "w0" else ">= 0.9x",
+            verdict(rate >= 0.9 * base) if mode == "w0" else "")
+
+
 SECTIONS = {"env": section_env, "cuda-tests": section_cuda_tests, "overlap": section_overlap,
-            "gpu-decode": section_gpu_decode, "scaling": section_scaling}
+            "gpu-decode": section_gpu_decode, "scaling": section_scaling,
+            "torch-workers": section_torch_workers}
 
 
 # -- the parent: run the sections, relay and file the rows -------------------------------------------

@@ -57,13 +57,14 @@ sums the rows of the latest epoch (see ``merge_snapshots``).
 
 From workers to the main process
 ---------------------------------
-A DataLoader worker's batch (a dict) crosses to the main process pickled. torch moves every
-tensor's storage to a shared-memory segment of its own and passes its file descriptor, ~1 ms per
-tensor on 2 cores whatever its size; so a worker hands over batches of up to
-:data:`PIPE_BATCH_BYTES` as one buffer inside the pickle, and the main process gets a plain dict
-of writable tensors that view it. Larger batches go torch's way. Nothing changes for the user:
-``collate_fn`` in the worker still sees a dict of tensors, and ``pin_memory=True`` pins in the
-main process as before.
+A DataLoader worker's batch (a dict) crosses to the main process pickled. Its fixed-dtype
+tensors are copied once into a slot of the worker's ring of shared memory (allocated once per
+worker) and only a descriptor crosses the pipe; the main process gets a plain dict of writable
+tensors over the slot, which returns to the worker when they are released
+(:mod:`._torch_slots`). A batch that finds no free slot goes as one buffer inside the pickle up
+to :data:`PIPE_BATCH_BYTES`, torch's shared memory (a segment per tensor) above. Nothing changes
+for the user: ``collate_fn`` in the worker still sees a dict of tensors, and
+``pin_memory=True`` pins in the main process as before.
 
 Uneven shares under DDP
 -----------------------
@@ -102,7 +103,8 @@ from ._torch_bound import BoundSources
 from ._torch_usage import UsageChecks
 from ._torch_device import (DEFAULT_DEPTH, DEFAULT_EVEN_BATCHES, DevicePrefetcher, even_batches,
                             to_device)
-from ._torch_transport import _for_transport, convert_batch
+from ._torch_slots import for_transport as _for_transport
+from ._torch_transport import convert_batch
 
 torch = require("torch", "torch")
 

@@ -62,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Workloads with options of their own, run alone: ``--workloads
-#: images|ranges|resume|elastic|cache|mix --help`` (and ``ray``: streamio on Ray Data, in a
+#: images|ranges|resume|elastic|cache|mix|torch-workers --help`` (and ``ray``: streamio on Ray Data, in a
 #: private network namespace).
-SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray", "elastic", "cache", "mix")
+SEPARATE_WORKLOADS = ("images", "ranges", "resume", "ray", "elastic", "cache", "mix",
+                      "torch-workers")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -77,7 +78,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # These benchmarks have options of their own: each is its own module.
             import importlib
 
-            module = importlib.import_module(f"streamio.bench.{name}")
+            module = importlib.import_module(f"streamio.bench.{name.replace('-', '_')}")
             return module.main(argv[:i] + argv[i + (1 if "=" in arg else 2):])
     args = build_parser().parse_args(argv)
     workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())

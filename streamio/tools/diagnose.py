@@ -93,6 +93,10 @@ class Diagnosis:
     source_limit_mb_s: Optional[float] = None
     #: The most threads or processes a ``map()`` of the pipeline already runs on (1: none).
     map_parallelism: int = 1
+    #: The DataLoader ``num_workers`` that delivered the most under the step, when worker counts
+    #: were measured (0: the main process itself), and why.
+    num_workers: Optional[int] = None
+    num_workers_reason: str = ""
 
     def __str__(self) -> str:
         """The report: :meth:`table` (``print(streamio.diagnose(ds))``)."""
@@ -130,6 +134,8 @@ class Diagnosis:
             lines.append(name.ljust(width) + "".join(fmt(r).rjust(colw) for r in runs))
         if self.source_limit_mb_s is not None:
             lines.append(f"raw read of the same files: {self.source_limit_mb_s:,.1f} MB/s")
+        if self.num_workers is not None:
+            lines.append(f"DataLoader: num_workers={self.num_workers} ({self.num_workers_reason})")
         lines.append("")
         lines.append(f"bottleneck: {self.bottleneck}-bound. {self.explanation}")
         lines.append(f"suggestion: {self.suggestion}")
@@ -373,6 +379,8 @@ def diagnose(ds: Any, *, step: Optional[Callable[[Any], Any]] = None, step_ms: f
         d.workers.append(_timed_run(f"{k} workers", loader, seconds=half, step=step,
                                     stats=_epoch_stats_since(torch_ds, time.time()),
                                     readers=k))
+    if d.workers:
+        _recommend_workers(d)
     return d
 
 
@@ -404,6 +412,37 @@ def _check_readable_twice(ds: Any) -> None:
                 f" {why}, which cannot be read twice: diagnose a file with the same data, or a"
                 " PipeChannel (each run reads the next epoch's FIFO; on the command line"
                 " --channel PREFIX)")
+
+
+#: Workers must beat the main process by this much to be recommended: they cost memory, start-up
+#: and a copy of every batch, and on a loaded machine a few percent is noise.
+WORKERS_MARGIN = 1.10
+
+
+def _steady_rate(run: RunFigures) -> float:
+    """Records/s after the first batch (a DataLoader's workers take a second or more to start,
+    which a short run would otherwise count against them)."""
+    seconds = run.seconds - (run.first_batch_s or 0.0)
+    if run.batches < 2 or seconds <= 0:
+        return run.records_per_s
+    return run.records / run.batches * (run.batches - 1) / seconds
+
+
+def _recommend_workers(d: Diagnosis) -> None:
+    """``num_workers`` from the measured runs under the step: the fastest, and 0 (the main
+    process, as in the run "with step") unless workers deliver ``WORKERS_MARGIN`` times more."""
+    base = _steady_rate(d.with_step)
+    best, best_rate = 0, base
+    for run in d.workers:
+        rate = _steady_rate(run)
+        if rate > best_rate and rate >= base * WORKERS_MARGIN:
+            best, best_rate = run.readers, rate
+    rates = ", ".join(f"{run.readers}: {_steady_rate(run):,.0f}" for run in d.workers)
+    d.num_workers = best
+    d.num_workers_reason = (f"measured records/s under the step: 0 (in the main process):"
+                            f" {base:,.0f}, {rates}"
+                            + ("; decoding is cheap next to moving batches between processes"
+                               if best == 0 else ""))
 
 
 def _epoch_stats_since(torch_ds: Any, started: float) -> Callable[[], Optional[dict]]:
@@ -464,7 +503,9 @@ def add_cli(sub) -> None:
                         " csv[:LABEL_COLUMN], recordio-protobuf or none")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--shuffle", type=int, default=0, help="shuffle buffer size (0: none)")
-    p.add_argument("--workers", default="0", help="DataLoader worker counts to try, e.g. 0,2")
+    p.add_argument("--workers", default=None,
+                   help="DataLoader worker counts to try, e.g. 0,2 (default: 0,2 where torch is"
+                        " installed, and the report recommends num_workers; else 0)")
     p.add_argument("--step-ms", type=float, default=5.0, help="simulated step per batch")
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -507,6 +548,10 @@ def _cli_timeouts(args) -> dict:
 def cmd_diagnose(args) -> int:
     from ..pipeline import Dataset
 
+    if args.workers is None:
+        import importlib.util
+
+        args.workers = "0,2" if importlib.util.find_spec("torch") is not None else "0"
     try:
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:

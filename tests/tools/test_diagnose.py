@@ -3,6 +3,7 @@ consumer; and the command prints a table or JSON."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -114,6 +115,8 @@ def test_cli_table_and_json(tmp_path, examples):
     proc = subprocess.run(base, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "bottleneck: consumer-bound" in proc.stdout and "records/s" in proc.stdout
+    if importlib.util.find_spec("torch") is not None:  # by default it measures 2 workers too
+        assert "2 workers" in proc.stdout and "DataLoader: num_workers=" in proc.stdout
     proc = subprocess.run(base + ["--json"], capture_output=True, text=True, timeout=120)
     figures = json.loads(proc.stdout)
     assert figures["bottleneck"] == "consumer" and figures["with_step"]["batches"] > 0
@@ -133,6 +136,34 @@ def test_dataloader_worker_runs(tmp_path, examples):
     [run] = d.workers
     assert run.name == "2 workers" and run.batches > 0 and run.records > 0
     assert "2 workers" in d.table()
+    # A recommendation from what was measured, with the figures it came from.
+    assert d.num_workers in (0, 2)
+    assert f"DataLoader: num_workers={d.num_workers} (measured records/s" in d.table()
+
+
+def _run(name, records, seconds, batches=100, readers=1):
+    from streamio.tools.diagnose import RunFigures
+
+    return RunFigures(name, seconds=seconds, batches=batches, records=records,
+                      first_batch_s=0.0, readers=readers)
+
+
+@pytest.mark.parametrize("worker_rates, expected", [
+    ({2: 600_000}, 0),                 # cheap decode: moving batches costs more than it saves
+    ({2: 1_050_000}, 0),               # within the margin: not worth processes and start-up
+    ({2: 1_800_000, 4: 2_500_000}, 4),  # decode-bound: the fastest measured count
+    ({2: 1_800_000, 4: 1_700_000}, 2),
+])
+def test_num_workers_is_recommended_from_the_measured_rates(worker_rates, expected):
+    from streamio.tools.diagnose import Diagnosis, _recommend_workers
+
+    d = Diagnosis(alone=_run("input alone", 2_000_000, 1.0),
+                  with_step=_run("with step", 1_000_000, 1.0),
+                  workers=[_run(f"{k} workers", rate, 1.0, readers=k)
+                           for k, rate in worker_rates.items()])
+    _recommend_workers(d)
+    assert d.num_workers == expected
+    assert "0 (in the main process): 990,000" in d.num_workers_reason  # after the first batch
 
 
 def test_plot_writes_a_png_timeline(tmp_path, examples):

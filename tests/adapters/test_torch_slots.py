@@ -1,0 +1,82 @@
+"""DataLoader workers hand fixed-dtype batches to the main process through a ring of
+shared-memory slots per worker: only a descriptor crosses the pipe, a slot is reused only once
+the main process has released every tensor over it, and the ring is a segment no other user can
+open.
+
+The DataLoader scenarios run in a fresh interpreter (tests/scripts/): this pytest process may
+have imported TensorFlow, and forking workers from it can deadlock.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.multiprocessing  # noqa: E402,F401,F811 - registers torch's tensor reducers
+
+from streamio.adapters import _torch_slots as slots  # noqa: E402
+from streamio.errors import StreamioError  # noqa: E402
+
+from conftest import SCRIPTS  # noqa: E402
+
+SUBPROCESS_TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("slots")
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "torch_slots_check.py"), str(workdir)],
+                          capture_output=True, timeout=SUBPROCESS_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("case", ["released", "held", "released_again"])
+def test_every_record_once_and_equal_to_the_in_process_batches(report, case):
+    """int64/float32/int16/bool/empty columns over slots, a list of bytes beside them; the main
+    process writes into its tensors (released) or keeps every batch of the epoch (held: the
+    workers must not reuse a held slot, so the batches past the ring go the older way)."""
+    result = report[case]
+    assert result["ids"] == list(range(report["records"]))
+    assert result["same_rows"]
+
+
+def test_batches_cross_over_slots_and_rings_are_mapped_once_per_worker(report):
+    assert report["released"]["rebuilt_over_slots"] == report["batches"]
+    # Held batches keep their slots: each worker's ring serves its first SLOTS batches.
+    assert report["held"]["rebuilt_over_slots"] == 2 * report["slots"]
+    # Released again, the same two rings (persistent workers) serve every batch.
+    assert report["released_again"]["rebuilt_over_slots"] == report["batches"]
+    assert report["released_again"]["rings"] == 2
+
+
+def test_rings_are_private_segments_with_no_name_left(report):
+    assert len(report["mappings"]) == 2
+    for mode, name in report["mappings"]:
+        assert mode == "0o600"
+        assert name.endswith("(deleted)") or name.startswith("/memfd:"), name
+
+
+def test_a_descriptor_for_a_ring_never_mapped_is_a_streamio_error():
+    """A batch pickled in a worker but unpickled elsewhere names a ring this process never
+    received: a clear error, not a crash or someone else's memory."""
+    layout = [("x", "<f4", (2,), 0, 8)]
+    data = pickle.dumps((slots._rebuild_from_slot,
+                         ("0123456789abcdef", 1, None, 0, 4096, 8, layout, {})))
+    with pytest.raises(StreamioError, match="never mapped"):
+        pickle.loads(data)[0](*pickle.loads(data)[1])
+
+
+def test_outside_a_worker_a_batch_pickles_without_a_ring():
+    from multiprocessing.reduction import ForkingPickler
+
+    batch = {"x": torch.arange(12, dtype=torch.float32).reshape(3, 4)}
+    out = pickle.loads(bytes(ForkingPickler.dumps(slots._SlotBatch(batch))))
+    assert type(out) is dict and torch.equal(out["x"], batch["x"])
+    assert slots._ring is None
