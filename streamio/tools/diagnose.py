@@ -505,7 +505,8 @@ def add_cli(sub) -> None:
     p.add_argument("--shuffle", type=int, default=0, help="shuffle buffer size (0: none)")
     p.add_argument("--workers", default=None,
                    help="DataLoader worker counts to try, e.g. 0,2 (default: 0,2 where torch is"
-                        " installed, and the report recommends num_workers; else 0)")
+                        " installed and SOURCEs are given, and the report recommends num_workers; else 0:"
+                        " each run of a --channel reads one more epoch)")
     p.add_argument("--step-ms", type=float, default=5.0, help="simulated step per batch")
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -551,7 +552,10 @@ def cmd_diagnose(args) -> int:
     if args.workers is None:
         import importlib.util
 
-        args.workers = "0,2" if importlib.util.find_spec("torch") is not None else "0"
+        # A channel gives each run one epoch: measuring workers by default would read one
+        # more epoch than a writer serving "alone, then with the step" provides.
+        args.workers = ("0,2" if importlib.util.find_spec("torch") is not None
+                        and not args.channel else "0")
     try:
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
