@@ -81,7 +81,9 @@ setup(
         "fuzz": ["atheris>=2.3"],
         # streamio.ray: Ray Data source and sink (tested with 2.60); pyarrow for its blocks.
         "ray": ["ray[data,train]>=2.40", "pyarrow>=14"],
-        "dev": ["pytest>=7", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
+        "dev": ["pytest>=7",
+                # xdist: the README's test command runs the suite in several processes.
+                "pytest-xdist>=3", "hypothesis>=6", "pandas", "scipy", "tfrecord", "boto3",
                 "moto[server]>=5", "isal>=1.6", "zlib-ng>=0.5",
                 # torchdata's StatefulDataLoader: the resume tests (tests/pipeline/test_resume.py).
                 "torchdata>=0.8",

@@ -39,8 +39,10 @@ def ids_of(ds) -> list:
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
     # 4 logical CPUs on a 2-core machine: the TorchTrainer's 2 workers hold 2, read tasks need
-    # the others. Loopback only; no dashboard.
-    ray.init(num_cpus=4, object_store_memory=256 << 20, include_dashboard=False,
+    # the others. Loopback only; no dashboard. address="local": always a cluster of its own, never
+    # one that another process on this machine started (ray.init(address=None) joins the cluster
+    # named in /tmp/ray, which the private network namespace does not make private).
+    ray.init(address="local", num_cpus=4, object_store_memory=256 << 20, include_dashboard=False,
              _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
