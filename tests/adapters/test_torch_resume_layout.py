@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -54,5 +55,6 @@ def test_one_workers_state_alone_is_refused_at_load_state_dict(result):
 def test_a_two_worker_state_in_a_three_worker_loader_names_both_layouts(result):
     got = result["loader-3"]
     assert "error" in got, got
-    assert "worker 0 of 2 loaded into worker 0 of 3" in got["error"], got
+    # Whichever of the three workers fails first reports it: each names both layouts.
+    assert re.search(r"worker \d of 2 loaded into worker \d of 3", got["error"]), got
     assert "list of every rank's state" in got["error"], got
