@@ -59,6 +59,7 @@ LOG_EVERY_S = 15.0
 #: How long the dealer that ends an epoch with an error gives its readers to take that error.
 TELL_S = 5.0
 _KEEPALIVE = wire.encode_keepalive()
+SEND_BUFFER = 4 << 20  # asked of each client's socket (the kernel may cap it: net.core.wmem_max)
 
 
 class Nag:
@@ -357,10 +358,12 @@ class Dealer(threading.Thread):
         self.selector.register(self._wake_r, selectors.EVENT_READ)
         self.reading.start()
         deadline = time.monotonic() + self.connect_timeout
-        exhausted = asked = False
-        asked_at = 0.0
+        exhausted = False
+        asked = 0  # blocks asked of the reading thread, not yet come
+        asked_at = 0.0  # when the last one came, or the first was asked
         failure: Optional[BaseException] = None
         stalled_since: Optional[float] = None
+        looked = 0.0  # when the deadlines, the logs and the keep-alives were last seen to
         ahead = READ_AHEAD + (1 if self.broadcast else self.readers)
         while not self.stop_now.is_set():
             everyone = self._all_greeted()
@@ -383,11 +386,20 @@ class Dealer(threading.Thread):
                 stalled_since = stalled_since or now
             else:
                 stalled_since = None
-            self._check(now, everyone, stalled_since)
-            self._nag(now, everyone, asked and now - asked_at, stalled_since)
-            if not asked and not exhausted and room and (need or len(self.window) < ahead):
+            if now >= looked + POLL_S / 4:  # (bounds of a second or more: no need to look
+                looked = now                   # at every block)
+                self._check(now, everyone, stalled_since)
+                self._nag(now, everyone, now - asked_at if asked else 0.0, stalled_since)
+                self._keep_alive(now)
+            # Up to `ahead` blocks framed ahead (asked in one go: one hand-over per few blocks),
+            # or one more while a reader waits for a block beyond them.
+            more = max(ahead - len(self.window), int(need)) - asked if room and not exhausted \
+                else 0
+            for _ in range(more):
                 self.reading.ask()
-                asked, asked_at = True, now
+            if more > 0 and not asked:
+                asked_at = now
+            asked += max(more, 0)
             for key, events in self.selector.select(POLL_S):
                 if key.fileobj is self.listener:
                     self._accept()
@@ -400,7 +412,7 @@ class Dealer(threading.Thread):
                         self._flush(key.data)
             while self.reading.results:
                 kind, item = self.reading.results.popleft()
-                asked = False
+                asked, asked_at = asked - 1, time.monotonic()
                 if kind == "block":
                     self._add(item)
                 else:
@@ -416,7 +428,6 @@ class Dealer(threading.Thread):
                     if client.worker is not None and not client.finished \
                             and self._next_of(client.index) >= self.read_k:
                         self._send_last(client)
-            self._keep_alive(time.monotonic())
 
     def _check(self, now: float, everyone: bool, stalled_since: Optional[float]) -> None:
         """Raise for what has waited past its bound: a reader that takes no bytes, the blocks
@@ -453,7 +464,9 @@ class Dealer(threading.Thread):
         self.nags["stream"].tick(reading_for > 0, now, lambda: (
             f"the dealer of {self.stream_name} waits for its stream (no block yet; a FIFO's"
             " writer that has not written, or a slow source)"))
-        stuck = [c for c in self.clients if c.out]
+        # (a reader that takes a large block has bytes queued all along: not a wait until it
+        # has taken none for a second)
+        stuck = [c for c in self.clients if c.out and now - c.stuck_since > 1.0]
         idle = self.host_ended.is_set() and self.window and now - self.progress > LOG_AFTER_S
         self.nags["readers"].tick(bool(stuck) or stalled_since is not None or bool(idle), now,
                                   lambda: self._slow_readers(stuck))
@@ -511,6 +524,10 @@ class Dealer(threading.Thread):
                                   RuntimeWarning, stacklevel=1)
                 continue
             sock.setblocking(False)
+            try:  # room for a whole block in the kernel: fewer wake-ups per block sent
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            except OSError:
+                pass
             client = _Client(sock)
             self.clients.append(client)
             self.selector.register(sock, selectors.EVENT_READ, client)

@@ -279,6 +279,7 @@ class _Inbox:
             except SourceError as exc:
                 raise SourceError(f"{self.dealer}, which reads the shared stream, sent {exc}")
             if kind == wire.KEEPALIVE:
+                self._note_wait(time.monotonic())
                 continue
             self.nag.tick(False, 0.0, None)
             payload = self._exact(size) if size else bytearray()
@@ -311,8 +312,12 @@ class _Inbox:
                 f" nothing for {silent:.0f} s, not even the keep-alive it sends every few"
                 f" seconds (the stall bound: connect_timeout {self.timeout:g} s): it is frozen"
                 " or stopped (SIGSTOP, a cgroup freeze), or not a dealer")
+        self._note_wait(now)
+
+    def _note_wait(self, now: float) -> None:
         self.nag.tick(True, now, lambda: (
-            f"a reader of the shared stream waits for its next block from {self.dealer}"))
+            f"a reader of the shared stream waits for its next block from {self.dealer}"
+            f" (heard from it {now - self.heard:.0f} s ago)"))
 
 
 def _connect(address: Any, timeout: float, dealer: str, hint: str = "") -> socket.socket:
