@@ -135,8 +135,9 @@ class _Reading(threading.Thread):
         self._asked.release()
 
     def run(self) -> None:
-        blocks = self._make_blocks()
+        blocks = None
         try:
+            blocks = self._make_blocks()
             while True:
                 while not self._asked.acquire(timeout=POLL_S):
                     if self.stop.is_set():
@@ -147,18 +148,24 @@ class _Reading(threading.Thread):
                     item = ("block", next(blocks))
                 except StopIteration:
                     item = ("end", None)
-                except BaseException as exc:  # noqa: BLE001 - the dealer sends it to everyone
-                    item = ("error", exc)
-                self.results.append(item)
-                try:
-                    self._wake.send(b"\0")
-                except OSError:
-                    pass  # a wake-up already waits (or the dealer is gone)
+                self._post(item)
                 if item[0] != "block":
                     return
+        except BaseException as exc:  # noqa: BLE001 - the dealer sends it to everyone
+            self._post(("error", exc))  # (never a silent end: the dealer would wait on)
         finally:
-            blocks.close()
-            self._wake.close()
+            try:
+                if blocks is not None:
+                    blocks.close()
+            finally:
+                self._wake.close()
+
+    def _post(self, item: tuple) -> None:
+        self.results.append(item)
+        try:
+            self._wake.send(b"\0")
+        except OSError:
+            pass  # a wake-up already waits (or the dealer is gone)
 
 
 class Dealer(threading.Thread):
