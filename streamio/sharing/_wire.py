@@ -17,6 +17,9 @@ Dealer -> client: messages of ``u8 kind | 3 zero bytes | u32 count | u64 payload
 - BLOCK (1): ``count`` records; payload = u32 source-name length, the name (UTF-8), ``count``
   record origins (i64 each), ``count`` record lengths (u64 each), the records;
 - END (2): no payload;
+- KEEPALIVE (4): no payload; the dealer is alive and has nothing for the reader yet (sent to a
+  reader that asked and waits, so that a reader can tell a dealer waiting on its stream or on
+  other readers from one that stopped: see :mod:`streamio.sharing.stream`);
 - ERROR (3): payload = a JSON object ``{"type", "message", "fields", "rank", "worker"}``:
   the exception's class name, its text, its attributes (strings, ints or null) and which reader
   it concerns. Only streamio's own error classes are rebuilt; any other name becomes a
@@ -38,7 +41,7 @@ HELLO_MAGIC = b"sio\x02"
 HELLO = struct.Struct("<4sIIIII")
 BROADCAST, DONE = 1, 2
 HEADER = struct.Struct("<BxxxIQ")
-BLOCK, END, ERROR = 1, 2, 3
+BLOCK, END, ERROR, KEEPALIVE = 1, 2, 3, 4
 WANT, BYE = b"W", b"B"
 
 #: Sanity bounds on a hello: a local world or a DataLoader larger than this is not a reader.
@@ -128,6 +131,10 @@ def encode_end() -> bytes:
     return HEADER.pack(END, 0, 0)
 
 
+def encode_keepalive() -> bytes:
+    return HEADER.pack(KEEPALIVE, 0, 0)
+
+
 def encode_error(exc: BaseException, rank: Optional[int] = None,
                  worker: Optional[int] = None) -> bytes:
     """``exc`` as plain data: its class name, text and plain-valued attributes."""
@@ -148,7 +155,7 @@ def parse_header(data: bytes, max_records: int, max_payload: int) -> tuple:
     kind, count, size = HEADER.unpack(data)
     if kind == BLOCK:
         ok = 0 < count <= max_records and size <= max_payload
-    elif kind == END:
+    elif kind in (END, KEEPALIVE):
         ok = count == 0 and size == 0
     elif kind == ERROR:
         ok = count == 0 and size <= MAX_ERROR_BYTES

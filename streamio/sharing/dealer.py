@@ -7,11 +7,19 @@ private local sockets (:mod:`._local_ipc`, :mod:`._wire`): block ``k`` goes to r
 ``k % readers`` (reader = local rank x num_workers + worker), or, while an elastic resume
 replays the old readers' shares, to every reader. The promises are stated in
 :mod:`streamio.sharing.stream`.
+
+It never waits on one reader or on the stream: the stream is read by a second thread
+(:class:`_Reading`), one block at a time when the loop asks, and every socket is non-blocking,
+its unsent bytes queued; so the loop always keeps its deadlines, answers the others, and tells
+the readers that wait that it is alive (a KEEPALIVE every :data:`KEEPALIVE_S`). A reader that
+takes no byte of what it asked for within the stall bound (``connect_timeout``) is named and
+ends the epoch (a frozen or stopped process, or one that asks and never reads).
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import selectors
 import socket
@@ -24,9 +32,12 @@ from typing import Any, Iterator, Optional
 from ..errors import SourceError, StreamioError
 from ..pipeline.dealing import BLOCK_BYTES, BLOCK_RECORDS, cut_blocks
 from . import _wire as wire
-from ._local_ipc import listen, stranger
+from ._local_ipc import listen, peer_credentials, stranger
 
-__all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "BUFFER_BYTES", "POLL_S", "Dealer", "READ_AHEAD"]
+__all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "BUFFER_BYTES", "KEEPALIVE_S", "LOG_AFTER_S", "POLL_S",
+           "Dealer", "READ_AHEAD", "Nag"]
+
+log = logging.getLogger("streamio")
 
 #: Blocks the dealer frames ahead of the requests, beyond one for each reader (block k is
 #: reader k % readers's, so each reader's next block is at most ``readers`` blocks ahead).
@@ -40,6 +51,39 @@ BUFFER_BYTES = 1 << 30
 POLL_S = 0.2  # how often a waiting dealer looks at its deadlines and stop flag
 #: The GIL switch interval of a process while it deals (Python's default is 5 ms): see Dealer.run.
 DEALER_SWITCH_INTERVAL_S = 0.0005
+#: How often (at most) a reader that asked and waits hears that the dealer is alive (a fourth of
+#: the stall bound where that is shorter): a reader that hears nothing for ``connect_timeout``
+#: seconds knows the dealer stopped.
+KEEPALIVE_S = 2.0
+#: A wait this long is logged (logger ``streamio``) with what it waits for, then every
+#: :data:`LOG_EVERY_S` seconds while it lasts.
+LOG_AFTER_S = 5.0
+LOG_EVERY_S = 15.0
+#: How long the dealer that ends an epoch with an error gives its readers to take that error.
+TELL_S = 5.0
+_KEEPALIVE = wire.encode_keepalive()
+SEND_BUFFER = 4 << 20  # asked of each client's socket (the kernel may cap it: net.core.wmem_max)
+
+
+class Nag:
+    """Logs a wait that lasts: after :data:`LOG_AFTER_S`, then every :data:`LOG_EVERY_S`."""
+
+    __slots__ = ("since", "due", "level")
+
+    def __init__(self, level: int = logging.INFO) -> None:
+        self.since: Optional[float] = None
+        self.due = 0.0
+        self.level = level
+
+    def tick(self, waiting: bool, now: float, what: Any) -> None:
+        """``what()`` says what is waited for (called only when it is logged)."""
+        if not waiting:
+            self.since = None
+        elif self.since is None:
+            self.since, self.due = now, now + LOG_AFTER_S
+        elif now >= self.due:
+            self.due = now + LOG_EVERY_S
+            log.log(self.level, "%s (for %.0f s)", what(), now - self.since)
 
 
 def _who(local_rank: Optional[int], worker: Optional[int], local_world_size: int) -> str:
@@ -49,12 +93,13 @@ def _who(local_rank: Optional[int], worker: Optional[int], local_world_size: int
 
 
 class _Lost(Exception):
-    """A client's socket closed, or it broke the protocol, after it got records (internal):
-    ``(local rank, worker, what happened)``."""
+    """A client's socket closed, it broke the protocol or it stopped reading, after it got
+    records (internal): ``(local rank, worker, what happened)``."""
 
 
 class _Client:
-    __slots__ = ("sock", "parser", "local_rank", "worker", "index", "blocks", "finished")
+    __slots__ = ("sock", "parser", "local_rank", "worker", "index", "blocks", "finished",
+                 "pid", "uid", "out", "stuck_since", "sent_at", "writing")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -64,6 +109,66 @@ class _Client:
         self.index = -1  # its reader index (local rank x num_workers + worker)
         self.blocks = 0  # blocks sent to it
         self.finished = False  # got its END/ERROR, said goodbye, or was dropped
+        self.pid, self.uid = peer_credentials(sock) or (None, None)
+        self.out: collections.deque = collections.deque()  # bytes queued, not yet sent
+        self.stuck_since: Optional[float] = None  # since when queued bytes wait, none taken
+        self.sent_at = time.monotonic()  # when a message was last queued for it
+        self.writing = False  # registered for EVENT_WRITE
+
+    def process(self) -> str:
+        return f"pid {self.pid}, uid {self.uid}" if self.pid is not None else "pid unknown"
+
+
+class _Reading(threading.Thread):
+    """Reads the stream for the dealer, one block each time it is asked (:meth:`ask`); puts
+    ``("block", block)``, ``("end", None)`` or ``("error", exc)`` in :attr:`results` and wakes
+    the dealer's loop through ``wake``. A daemon: a read that never returns (a FIFO whose
+    writer stalls) must not keep the process; once stopped it closes the stream when that read
+    returns."""
+
+    def __init__(self, blocks: Any, wake: socket.socket) -> None:
+        super().__init__(name="streamio-dealer-read", daemon=True)
+        self._make_blocks = blocks
+        self._wake = wake
+        self._asked = threading.Semaphore(0)
+        self.stop = threading.Event()
+        self.results: collections.deque = collections.deque()
+
+    def ask(self) -> None:
+        self._asked.release()
+
+    def run(self) -> None:
+        blocks = None
+        try:
+            blocks = self._make_blocks()
+            while True:
+                while not self._asked.acquire(timeout=POLL_S):
+                    if self.stop.is_set():
+                        return
+                if self.stop.is_set():
+                    return
+                try:
+                    item = ("block", next(blocks))
+                except StopIteration:
+                    item = ("end", None)
+                self._post(item)
+                if item[0] != "block":
+                    return
+        except BaseException as exc:  # noqa: BLE001 - the dealer sends it to everyone
+            self._post(("error", exc))  # (never a silent end: the dealer would wait on)
+        finally:
+            try:
+                if blocks is not None:
+                    blocks.close()
+            finally:
+                self._wake.close()
+
+    def _post(self, item: tuple) -> None:
+        self.results.append(item)
+        try:
+            self._wake.send(b"\0")
+        except OSError:
+            pass  # a wake-up already waits (or the dealer is gone)
 
 
 class Dealer(threading.Thread):
@@ -72,7 +177,9 @@ class Dealer(threading.Thread):
     have theirs, and dies with its process, which every client then sees).
 
     ``num_workers``: every local rank's DataLoader workers (they must agree); ``broadcast``:
-    every block goes to every reader (an elastic resume replaying the old readers' shares)."""
+    every block goes to every reader (an elastic resume replaying the old readers' shares).
+    ``connect_timeout`` is also the stall bound: a reader that takes no byte of what it asked
+    for in that time is named and ends the epoch."""
 
     def __init__(self, dataset: Any, address: Any, epoch: int, local_world_size: int,
                  stats: Any, connect_timeout: float, num_workers: int = 1,
@@ -86,6 +193,7 @@ class Dealer(threading.Thread):
         self.broadcast = broadcast
         self.stats = stats
         self.connect_timeout = connect_timeout
+        self.keepalive = min(KEEPALIVE_S, connect_timeout / 4)
         self.stop_now = threading.Event()
         # Set when the reader in this process has its whole share: from then on the dealer only
         # keeps the process for the others, and gives up on them after connect_timeout seconds
@@ -100,6 +208,7 @@ class Dealer(threading.Thread):
         self.notes: list[str] = []
         self.strangers: set = set()  # uids refused (one warning each)
         self.clients: list[_Client] = []
+        self.waiting: collections.deque = collections.deque()  # one entry per request
         # The blocks read and not yet taken by all their readers: index -> [message, readers
         # still to take it]; what each reader has taken; readers whose share is already done.
         self.window: dict[int, list] = {}
@@ -112,6 +221,11 @@ class Dealer(threading.Thread):
         self.address = address
         self.listener = listen(address, f"the shared stream {self.stream_name} (epoch {epoch})")
         self.listener.setblocking(False)
+        self._wake_r, wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        self.reading = _Reading(self._blocks, wake_w)
+        self.nags = {"connect": Nag(), "stream": Nag(), "readers": Nag(logging.WARNING)}
 
     # -- the stream ---------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple]:
@@ -179,14 +293,9 @@ class Dealer(threading.Thread):
                 exc = SourceError(f"the dealer of {self.stream_name} failed: {exc!r}",
                                   source=self.stream_name)
             self.failure = exc
-            message = wire.encode_error(exc, rank, worker)
-            for client in self.clients:
-                if client.worker is not None and not client.finished:
-                    try:
-                        client.sock.sendall(message)
-                    except OSError:
-                        pass
+            self._tell(wire.encode_error(exc, rank, worker))
         finally:
+            self.reading.stop.set()
             self.listener.close()
             if isinstance(self.address, str) and not self.address.startswith("\0"):
                 try:
@@ -196,8 +305,36 @@ class Dealer(threading.Thread):
             for client in self.clients:
                 _close_quietly(client.sock)
             self.selector.close()
+            self._wake_r.close()
             self.window.clear()
             sys.setswitchinterval(switch)
+            if self.reading.ident is not None:
+                self.reading.join(timeout=1.0)  # (blocked in a read: it closes when that returns)
+
+    def _tell(self, message: bytes) -> None:
+        """Send ``message`` (an error) to every client that has not finished, giving them up to
+        :data:`TELL_S` seconds to take it (a stalled one is finished already: not waited for)."""
+        clients = [c for c in self.clients if c.worker is not None and not c.finished]
+        for client in clients:
+            client.out.append(memoryview(message))
+        deadline = time.monotonic() + min(TELL_S, self.connect_timeout)
+        with selectors.DefaultSelector() as writable:
+            for client in clients:
+                writable.register(client.sock, selectors.EVENT_WRITE, client)
+            while writable.get_map() and time.monotonic() < deadline:
+                for key, _ in writable.select(POLL_S):
+                    client = key.data
+                    try:
+                        while client.out:
+                            sent = client.sock.send(client.out[0])
+                            client.out[0] = client.out[0][sent:]
+                            if not client.out[0]:
+                                client.out.popleft()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        client.out.clear()
+                    writable.unregister(client.sock)
 
     def _all_greeted(self) -> bool:
         if len(self.workers_of) < self.local_world_size:
@@ -235,86 +372,148 @@ class Dealer(threading.Thread):
 
     def _serve(self) -> None:
         self.selector.register(self.listener, selectors.EVENT_READ)
+        self.selector.register(self._wake_r, selectors.EVENT_READ)
+        self.reading.start()
         deadline = time.monotonic() + self.connect_timeout
-        blocks = self._blocks()
-        waiting: collections.deque = collections.deque()  # one entry per request
         exhausted = False
+        asked = 0  # blocks asked of the reading thread, not yet come
+        asked_at = 0.0  # when the last one came, or the first was asked
         failure: Optional[BaseException] = None
         stalled_since: Optional[float] = None
+        looked = 0.0  # when the deadlines, the logs and the keep-alives were last seen to
         ahead = READ_AHEAD + (1 if self.broadcast else self.readers)
-        try:
-            while not self.stop_now.is_set():
-                everyone = self._all_greeted()
-                if exhausted and everyone and all(c.finished for c in self.clients
-                                                  if c.worker is not None):
-                    return
-                now = time.monotonic()
-                if not everyone and now > deadline:
-                    raise SourceError(
-                        f"not every reader of {self.stream_name} connected within"
-                        f" {self.connect_timeout:g} s (connect_timeout); missing: "
-                        f"{self._missing()} - a rank or DataLoader worker that did not start,"
-                        " or that reads another epoch or uses another num_workers",
-                        source=self.stream_name)
-                need = not exhausted and any(
-                    not c.finished and self._next_of(c.index) >= self.read_k for c in waiting)
-                room = self.window_bytes < BUFFER_BYTES
-                reading = not exhausted and room and (need or len(self.window) < ahead)
-                if need and not room:
-                    stalled_since = stalled_since or now
-                    if everyone and now - stalled_since > self.connect_timeout:
-                        raise SourceError(
-                            f"the dealer of {self.stream_name} holds {self.window_bytes} bytes"
-                            f" of blocks (the bound) for readers that have not taken them for"
-                            f" {self.connect_timeout:g} s: {self._holding()}; the readers of a"
-                            " shared stream must read in step (a DataLoader reads its workers"
-                            " in turn, DDP's ranks step together)", source=self.stream_name)
+        while not self.stop_now.is_set():
+            everyone = self._all_greeted()
+            if exhausted and everyone and all(c.finished and not c.out for c in self.clients
+                                              if c.worker is not None):
+                return
+            now = time.monotonic()
+            if not everyone and now > deadline:
+                raise SourceError(
+                    f"not every reader of {self.stream_name} connected within"
+                    f" {self.connect_timeout:g} s (connect_timeout); missing: "
+                    f"{self._missing()} - a rank or DataLoader worker that did not start,"
+                    " or that reads another epoch or uses another num_workers"
+                    + (_RUN_HINT if self.local_world_size > 1 else ""),
+                    source=self.stream_name)
+            need = not exhausted and any(
+                not c.finished and self._next_of(c.index) >= self.read_k for c in self.waiting)
+            room = self.window_bytes < BUFFER_BYTES
+            if need and not room:
+                stalled_since = stalled_since or now
+            else:
+                stalled_since = None
+            if now >= looked + POLL_S / 4:  # (bounds of a second or more: no need to look
+                looked = now                   # at every block)
+                self._check(now, everyone, stalled_since)
+                self._nag(now, everyone, now - asked_at if asked else 0.0, stalled_since)
+                self._keep_alive(now)
+            # Up to `ahead` blocks framed ahead (asked in one go: one hand-over per few blocks),
+            # or one more while a reader waits for a block beyond them.
+            more = max(ahead - len(self.window), int(need)) - asked if room and not exhausted \
+                else 0
+            for _ in range(more):
+                self.reading.ask()
+            if more > 0 and not asked:
+                asked_at = now
+            asked += max(more, 0)
+            for key, events in self.selector.select(POLL_S):
+                if key.fileobj is self.listener:
+                    self._accept()
+                elif key.fileobj is self._wake_r:
+                    _drain(self._wake_r)
+                elif key.data in self.clients:  # (not one dropped since the select)
+                    if events & selectors.EVENT_READ:
+                        self._hear(key.data)
+                    if key.data.out:
+                        self._flush(key.data)
+            while self.reading.results:
+                kind, item = self.reading.results.popleft()
+                asked, asked_at = asked - 1, time.monotonic()
+                if kind == "block":
+                    self._add(item)
                 else:
-                    stalled_since = None
-                if self.host_ended.is_set() and self.window and everyone \
-                        and now - self.progress > self.connect_timeout:
-                    raise SourceError(
-                        f"the readers of {self.stream_name} that still have blocks to take have"
-                        f" taken none for {self.connect_timeout:g} s (connect_timeout), and the"
-                        f" process of the dealer's own reader, done, waits for them:"
-                        f" {self._holding()}", source=self.stream_name)
-                for key, _ in self.selector.select(0 if reading else POLL_S):
-                    if key.fileobj is self.listener:
-                        self._accept()
-                    else:
-                        self._hear(key.data, waiting)
-                self._answer(waiting)
-                if exhausted and not self.window:
-                    if failure is not None:
-                        raise failure  # every client is told (run), after the records before it
-                if exhausted and everyone and failure is None:
-                    # A reader's END goes to it as soon as its share is out, asked or not: it is
-                    # small enough never to wait on a socket, and a client whose rank is blocked
-                    # in a collective may not ask until the others finish.
-                    for client in list(self.clients):  # (a client may be dropped)
-                        if client.worker is not None and not client.finished \
-                                and self._next_of(client.index) >= self.read_k:
-                            self._send_last(client, waiting)
-                if reading:
-                    try:
-                        self._add(next(blocks))
-                    except StopIteration:
-                        exhausted = True
-                    except Exception as exc:  # noqa: BLE001 - sent to every client in turn
-                        failure = exc
-                        exhausted = True
-        finally:
-            blocks.close()
+                    exhausted, failure = True, item
+            self._answer()
+            if exhausted and not self.window and failure is not None:
+                raise failure  # every client is told (run), after the records before it
+            if exhausted and everyone and failure is None:
+                # A reader's END goes to it as soon as its share is out, asked or not: it is
+                # small enough never to wait on a socket, and a client whose rank is blocked
+                # in a collective may not ask until the others finish.
+                for client in list(self.clients):  # (a client may be dropped)
+                    if client.worker is not None and not client.finished \
+                            and self._next_of(client.index) >= self.read_k:
+                        self._send_last(client)
 
-    def _answer(self, waiting: collections.deque) -> None:
+    def _check(self, now: float, everyone: bool, stalled_since: Optional[float]) -> None:
+        """Raise for what has waited past its bound: a reader that takes no bytes, the blocks
+        held for readers that do not take them."""
+        for client in self.clients:
+            if client.out and now - client.stuck_since > self.connect_timeout:
+                client.finished = True  # not told: it reads nothing
+                raise _Lost(client.local_rank, client.worker,
+                            f"stopped reading ({client.process()}): it took no byte of the"
+                            f" {sum(map(len, client.out))} bytes sent to it for"
+                            f" {self.connect_timeout:g} s (connect_timeout, the stall bound) -"
+                            " a frozen or stopped process, or one that asks and never reads")
+        if stalled_since is not None and everyone \
+                and now - stalled_since > self.connect_timeout:
+            raise SourceError(
+                f"the dealer of {self.stream_name} holds {self.window_bytes} bytes"
+                f" of blocks (the bound) for readers that have not taken them for"
+                f" {self.connect_timeout:g} s: {self._holding()}; the readers of a"
+                " shared stream must read in step (a DataLoader reads its workers"
+                " in turn, DDP's ranks step together)", source=self.stream_name)
+        if self.host_ended.is_set() and self.window and everyone \
+                and now - self.progress > self.connect_timeout:
+            raise SourceError(
+                f"the readers of {self.stream_name} that still have blocks to take have"
+                f" taken none for {self.connect_timeout:g} s (connect_timeout), and the"
+                f" process of the dealer's own reader, done, waits for them:"
+                f" {self._holding()}", source=self.stream_name)
+
+    def _nag(self, now: float, everyone: bool, reading_for: float,
+             stalled_since: Optional[float]) -> None:
+        """Log the waits that last (what the dealer waits for)."""
+        self.nags["connect"].tick(not everyone, now, lambda: (
+            f"the dealer of {self.stream_name} waits for readers to connect: {self._missing()}"))
+        self.nags["stream"].tick(reading_for > 0, now, lambda: (
+            f"the dealer of {self.stream_name} waits for its stream (no block yet; a FIFO's"
+            " writer that has not written, or a slow source)"))
+        # (a reader that takes a large block has bytes queued all along: not a wait until it
+        # has taken none for a second)
+        stuck = [c for c in self.clients if c.out and now - c.stuck_since > 1.0]
+        idle = self.host_ended.is_set() and self.window and now - self.progress > LOG_AFTER_S
+        self.nags["readers"].tick(bool(stuck) or stalled_since is not None or bool(idle), now,
+                                  lambda: self._slow_readers(stuck))
+
+    def _slow_readers(self, stuck: list) -> str:
+        if stuck:
+            return "the dealer of {} waits for readers to take what it sent them: {}".format(
+                self.stream_name, ", ".join(
+                    f"{_who(c.local_rank, c.worker, self.local_world_size)} ({c.process()})"
+                    for c in stuck[:3]))
+        return (f"the dealer of {self.stream_name} holds blocks for readers that do not ask for"
+                f" them: {self._holding()}")
+
+    def _keep_alive(self, now: float) -> None:
+        """Tell the readers that asked and still wait that the dealer is alive."""
+        for client in list(self.waiting):
+            if not client.out and not client.finished and now - client.sent_at > self.keepalive:
+                self._queue(client, _KEEPALIVE)
+
+    def _answer(self) -> None:
         """Send every waiting client its next block, where it has been read."""
         still = collections.deque()
-        while waiting:
-            client = waiting.popleft()
+        while self.waiting:
+            client = self.waiting.popleft()
             if client.finished:
                 continue
             k = self._next_of(client.index)
-            if k not in self.window:
+            if k not in self.window or client.out:
+                # (one block at a time: a client that asks for many and does not read them
+                # holds them here, against BUFFER_BYTES, not in its queue)
                 still.append(client)
                 continue
             message = self.window[k][0]
@@ -322,8 +521,8 @@ class Dealer(threading.Thread):
             self.taken[client.index] += 1
             self.progress = time.monotonic()
             client.blocks += 1  # from now on its records may be lost with it
-            self._send(client, message, waiting)
-        waiting.extend(still)
+            self._queue(client, message)
+        self.waiting.extend(still)
 
     def _accept(self) -> None:
         while True:
@@ -341,7 +540,11 @@ class Dealer(threading.Thread):
                                   f" from pid {other[0]} of uid {other[1]} (another user)",
                                   RuntimeWarning, stacklevel=1)
                 continue
-            sock.setblocking(True)
+            sock.setblocking(False)
+            try:  # room for a whole block in the kernel: fewer wake-ups per block sent
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+            except OSError:
+                pass
             client = _Client(sock)
             self.clients.append(client)
             self.selector.register(sock, selectors.EVENT_READ, client)
@@ -355,30 +558,34 @@ class Dealer(threading.Thread):
             if client.worker is not None:
                 self.greeted.discard((client.local_rank, client.worker))
         client.finished = True
+        client.out.clear()
         self.selector.unregister(client.sock)
         self.clients.remove(client)
         _close_quietly(client.sock)
 
-    def _hear(self, client: _Client, waiting: collections.deque) -> None:
+    def _hear(self, client: _Client) -> None:
         try:
             data = client.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
         except OSError:
             data = b""
         if not data:
             self._hung_up(client)
             return
-        self._parse(client, data, waiting)
+        self._parse(client, data)
 
     def _hung_up(self, client: _Client) -> None:
         if client.finished or client.worker is None:
             self._drop(client)  # done, or a connection that never said hello
         elif client.blocks:
-            raise _Lost(client.local_rank, client.worker, "left (it died or stopped early)")
+            raise _Lost(client.local_rank, client.worker,
+                        f"left (it died or stopped early; {client.process()})")
         else:
             who = _who(client.local_rank, client.worker, self.local_world_size)
             self._drop(client, f"{who} hung up before its first block")
 
-    def _parse(self, client: _Client, data: bytes, waiting: collections.deque) -> None:
+    def _parse(self, client: _Client, data: bytes) -> None:
         try:
             events = client.parser.feed(data)
         except SourceError as exc:
@@ -392,8 +599,8 @@ class Dealer(threading.Thread):
                 refused = self._greet(event)
                 if refused is not None:
                     self.notes.append(refused)
-                    try:
-                        client.sock.sendall(wire.encode_error(SourceError(
+                    try:  # (small: the socket takes it, or the client is not listening)
+                        client.sock.send(wire.encode_error(SourceError(
                             f"{refused}: refused by the dealer of {self.stream_name}",
                             source=self.stream_name), event[0], event[1]))
                     except OSError:
@@ -405,7 +612,8 @@ class Dealer(threading.Thread):
                 if event.flags & wire.DONE:
                     self._forget(client.index)
             elif event == "want":
-                waiting.append(client)
+                client.sent_at = time.monotonic()  # (its keep-alives count from its request)
+                self.waiting.append(client)
             else:
                 client.finished = True
 
@@ -432,24 +640,67 @@ class Dealer(threading.Thread):
         self.greeted.add(hello.who)
         return None
 
-    def _send(self, client: _Client, message: bytes, waiting: collections.deque) -> None:
-        try:
-            client.sock.sendall(message)
-        except OSError:
-            # Gone: fine if it said goodbye (a worker that stopped early), else it died.
-            try:
-                client.sock.setblocking(False)
-                self._parse(client, client.sock.recv(4096), waiting)
-            except (OSError, _Lost):
-                pass
-            if not client.finished:
-                raise _Lost(client.local_rank, client.worker,
-                            "left (it died or stopped early)") from None
+    def _queue(self, client: _Client, message: bytes) -> None:
+        """Queue ``message`` for ``client`` and send what its socket takes now."""
+        client.out.append(memoryview(message))
+        client.sent_at = time.monotonic()
+        self._flush(client)
 
-    def _send_last(self, client: _Client, waiting: collections.deque) -> None:
-        self._send(client, wire.encode_end(), waiting)
+    def _flush(self, client: _Client) -> None:
+        """Send ``client`` what its socket takes now (never waits); the rest waits for the
+        socket to be writable (EVENT_WRITE), and :meth:`_check` bounds how long."""
+        took = False
+        try:
+            while client.out:
+                sent = client.sock.send(client.out[0])
+                took = took or sent > 0
+                client.out[0] = client.out[0][sent:]
+                if not client.out[0]:
+                    client.out.popleft()
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._gone(client)  # (raises unless it said goodbye: then nothing is left to send)
+            if client not in self.clients:
+                return
+        if not client.out:
+            client.stuck_since = None
+        elif took or client.stuck_since is None:
+            client.stuck_since = time.monotonic()
+        if bool(client.out) != client.writing:
+            client.writing = bool(client.out)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.writing else 0)
+            self.selector.modify(client.sock, events, client)
+
+    def _gone(self, client: _Client) -> None:
+        """A send failed: fine if the client said goodbye (a worker that stopped early), else
+        it died."""
+        client.out.clear()
+        try:
+            self._parse(client, client.sock.recv(4096))
+        except (OSError, _Lost):
+            pass
+        if not client.finished:
+            raise _Lost(client.local_rank, client.worker,
+                        f"left (it died or stopped early; {client.process()})") from None
+
+    def _send_last(self, client: _Client) -> None:
+        self._queue(client, wire.encode_end())
         client.finished = True
         self.progress = time.monotonic()
+
+
+#: Said where local ranks did not meet: they find each other by the run (see stream.py).
+_RUN_HINT = ("; ranks meet only within one run: started by one launcher process (torchrun, a"
+             " script), or given the same STREAMIO_RUN_ID")
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
 
 
 def _names(dataset: Any) -> str:

@@ -50,12 +50,24 @@ Failure: every side ends the epoch with an error, never a hang.
   records before the fault, then raises the same error.
 - A worker that never connects (it failed to start): the dealer gives up after
   ``connect_timeout`` seconds with an error to the others.
+- A side that stops without leaving (a frozen or SIGSTOPped process): ``connect_timeout`` is
+  also the stall bound. The dealer never blocks on a reader (non-blocking sends, one block at a
+  time per reader); a reader that takes no byte of what it asked for in that time ends the
+  epoch, and every other reader raises a ``SourceError`` naming it (its place, pid and uid).
+  A reader that waits hears a KEEPALIVE every few seconds while the dealer waits for its stream
+  or for other readers (the stream is read by a thread of its own, so the dealer never stops
+  answering); one that hears nothing for ``connect_timeout`` seconds raises a ``SourceError``
+  naming the dealer (pid and uid). Every wait longer than a few seconds is logged (logger
+  ``streamio``) with what it waits for, and again while it lasts.
+- A worker that dies after its whole share (and its END) went to every other reader is not seen
+  by them: their records were all delivered (a DataLoader reports the dead worker itself).
 
 Several ranks of one host (torchrun's local ranks; SageMaker gives each host one FIFO per
 channel) share one stream the same way: the dealer runs in **local rank 0**'s worker 0 (its main
 process with ``num_workers=0``) and serves ``LOCAL_WORLD_SIZE x max(1, num_workers)`` clients,
 each rank's workers included; every rank derives the dealer's address alike from the stream's
-real path, the epoch and the job, keyed by the user's secret (:func:`stream_address`). Each
+real path, the epoch, the job and the run (:func:`run_nonce`: the process that launched the
+ranks, or ``$STREAMIO_RUN_ID``), keyed by the user's secret (:func:`stream_address`). Each
 client says who it is (local rank, worker, its rank's worker count, the local world size) when
 it connects; the dealer knows a rank's worker count from its first accepted client and waits
 for every worker of every local rank.
@@ -105,7 +117,8 @@ private directory below, for example), never make it silently short. How:
   the user's own (directory 0700, file 0600, made once with
   ``mkstemp`` + ``link``; a directory or key another user could have made or read is refused).
   The ``torch.distributed`` store is not used for it: it answers anyone who reaches its port.
-  See :mod:`._local_ipc`.
+  See :mod:`._local_ipc`. Each run of a job has its own names (:func:`run_nonce`), so another
+  user who saw a run's name in ``/proc/net/unix`` cannot bind the next run's ahead of it.
 - **Protocol breakers are dropped.** A connection that sends garbage, a hello that does not fit
   (unknown magic, a worker or rank out of range, a layout that disagrees with the readers
   already connected, a place already taken) or that hangs up before its first block is dropped
@@ -123,6 +136,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
@@ -133,8 +147,8 @@ from ..pipeline import origin_source
 from ..sources import PipeChannel
 from ..sources.schemes import source_key
 from . import _wire as wire
-from ._local_ipc import socket_name, stranger, user_key
-from .dealer import BLOCK_BYTES, BLOCK_RECORDS, POLL_S, READ_AHEAD, Dealer
+from ._local_ipc import peer_credentials, socket_name, stranger, user_key
+from .dealer import _RUN_HINT, BLOCK_BYTES, BLOCK_RECORDS, POLL_S, READ_AHEAD, Dealer, Nag
 
 __all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "DEFAULT_CONNECT_TIMEOUT", "READ_AHEAD",
            "SharedStreamFeed", "dealer_address", "stream_address"]
@@ -148,6 +162,50 @@ DEFAULT_CONNECT_TIMEOUT = 120.0
 #: not meet at one dealer; a restarted job must not meet a dealer its previous attempt left).
 _JOB_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
                   "TORCHELASTIC_RESTART_COUNT")
+#: One value shared by the local ranks of one run and by no other run: where set, it names the run
+#: (ranks that are not started by one launcher process must be given it); else the launcher does.
+RUN_ID_VARIABLE = "STREAMIO_RUN_ID"
+
+
+def _proc_stat(pid: int) -> list:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        text = f.read()
+    return text[text.rindex(b")") + 2:].split()
+
+
+def _rank_process() -> int:
+    """The pid of this rank's main process (in a DataLoader worker: its parent)."""
+    data = sys.modules.get("torch.utils.data")
+    info = getattr(data, "get_worker_info", lambda: None)()
+    if info is not None:
+        import multiprocessing
+
+        parent = multiprocessing.parent_process()
+        return parent.pid if parent is not None and parent.pid else os.getppid()
+    return os.getpid()
+
+
+def run_nonce() -> str:
+    """What tells this run of a job from every other, the same in all its local ranks:
+    ``$STREAMIO_RUN_ID`` where set, else the launcher: the parent process of the rank's main
+    process (torchrun's agent, the script or ``mpirun``/``srun`` daemon that started the ranks),
+    by its pid, its start time and the boot. Every new run has another launcher, so the names
+    of its sockets (keyed by the user's secret) are new, and another user who saw the last run's
+    names in ``/proc/net/unix`` cannot hold the next run's. "" where ``/proc`` does not say
+    (elsewhere the sockets are files in the user's private directory, which no one else can
+    enter)."""
+    given = os.environ.get(RUN_ID_VARIABLE)
+    if given:
+        return "run=" + given
+    try:
+        launcher = int(_proc_stat(_rank_process())[1])
+        started = _proc_stat(launcher)[19].decode()
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except (OSError, ValueError, IndexError):
+        return ""
+    return f"launcher={launcher}:{started}:{boot}"
 
 
 def dealer_address(token: str, epoch: int) -> Any:
@@ -173,9 +231,9 @@ def _stream_key(source: Any) -> Optional[str]:
 
 def stream_address(sources: Sequence[Any], epoch: int) -> Any:
     """The dealer address every local rank of one job derives alike for ``sources`` in
-    ``epoch``: the sources' real paths, the epoch, the user and the torchrun job
-    (:data:`_JOB_VARIABLES`, where set), keyed by the user's secret
-    (:func:`~streamio.sharing._local_ipc.user_key`), which no other user can read. Raises
+    ``epoch``: the sources' real paths, the epoch, the user, the torchrun job
+    (:data:`_JOB_VARIABLES`, where set) and the run (:func:`run_nonce`), keyed by the user's
+    secret (:func:`~streamio.sharing._local_ipc.user_key`), which no other user can read. Raises
     ``UsageError`` for a source other processes cannot name (stdin, a file object)."""
     parts = [f"uid={os.getuid() if hasattr(os, 'getuid') else 0}", f"epoch={epoch}"]
     for source in sources:
@@ -188,25 +246,81 @@ def stream_address(sources: Sequence[Any], epoch: int) -> Any:
     for name in _JOB_VARIABLES:
         if name in os.environ:
             parts.append(f"{name}={os.environ[name]}")
+    parts.append(run_nonce())
     return socket_name(user_key(), "shared", *parts)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        try:
-            k = sock.recv_into(view[got:])
-        except ConnectionError:  # reset: the dealer's process died with our bytes unread
-            return None
-        if k == 0:
-            return None
-        got += k
-    return buf
+class _Inbox:
+    """A reader's receiving end: whole messages, KEEPALIVEs skipped, and a deadline: a dealer
+    that sends nothing (not even a KEEPALIVE, which it sends every few seconds to a reader that
+    waits) for ``timeout`` seconds has stopped (a frozen or SIGSTOPped process, or one that is
+    not a dealer), and the wait ends with a ``SourceError`` naming it. A wait that lasts is
+    logged."""
+
+    def __init__(self, sock: socket.socket, timeout: float, dealer: str) -> None:
+        self.sock = sock
+        self.timeout = timeout
+        creds = peer_credentials(sock)
+        self.dealer = dealer + (f", pid {creds[0]}, uid {creds[1]}" if creds else "")
+        self.heard = time.monotonic()  # when a byte last came
+        self.nag = Nag()
+        sock.settimeout(min(POLL_S * 5, timeout))
+
+    def receive(self, max_payload: int) -> Optional[tuple]:
+        """The next message but KEEPALIVEs, ``(kind, count, payload)``; None where the socket
+        closed."""
+        self.heard = time.monotonic()  # (the request just went out)
+        while True:
+            header = self._exact(wire.HEADER.size)
+            if header is None:
+                return None
+            try:
+                kind, count, size = wire.parse_header(header, BLOCK_RECORDS, max_payload)
+            except SourceError as exc:
+                raise SourceError(f"{self.dealer}, which reads the shared stream, sent {exc}")
+            if kind == wire.KEEPALIVE:
+                self._note_wait(time.monotonic())
+                continue
+            self.nag.tick(False, 0.0, None)
+            payload = self._exact(size) if size else bytearray()
+            return None if payload is None else (kind, count, payload)
+
+    def _exact(self, n: int) -> Optional[bytearray]:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            try:
+                k = self.sock.recv_into(view[got:])
+            except TimeoutError:
+                self._silence()
+                continue
+            except ConnectionError:  # reset: the dealer's process died with our bytes unread
+                return None
+            if k == 0:
+                return None
+            got += k
+            self.heard = time.monotonic()
+        return buf
+
+    def _silence(self) -> None:
+        now = time.monotonic()
+        silent = now - self.heard
+        if silent > self.timeout:
+            raise SourceError(
+                f"the DataLoader worker that reads the shared stream ({self.dealer}) sent"
+                f" nothing for {silent:.0f} s, not even the keep-alive it sends every few"
+                f" seconds (the stall bound: connect_timeout {self.timeout:g} s): it is frozen"
+                " or stopped (SIGSTOP, a cgroup freeze), or not a dealer")
+        self._note_wait(now)
+
+    def _note_wait(self, now: float) -> None:
+        self.nag.tick(True, now, lambda: (
+            f"a reader of the shared stream waits for its next block from {self.dealer}"
+            f" (heard from it {now - self.heard:.0f} s ago)"))
 
 
-def _connect(address: Any, timeout: float, dealer: str) -> socket.socket:
+def _connect(address: Any, timeout: float, dealer: str, hint: str = "") -> socket.socket:
     """A socket connected to the dealer, whose process runs as this user (another user's
     process at the address is refused at once: it took the name, it is not our dealer)."""
     deadline = time.monotonic() + timeout
@@ -219,7 +333,7 @@ def _connect(address: Any, timeout: float, dealer: str) -> socket.socket:
             if time.monotonic() > deadline:
                 raise SourceError(f"could not reach the DataLoader worker that reads the shared"
                                   f" stream ({dealer}) within {timeout:g} s: it did not start,"
-                                  " or it already stopped") from None
+                                  f" or it already stopped{hint}") from None
             time.sleep(0.01)  # the dealer has not bound its socket yet
             continue
         other = stranger(sock)
@@ -341,7 +455,9 @@ class SharedStreamFeed:
         sock = None
         watch = None
         try:
-            sock = _connect(self.address, self.connect_timeout, self.dealer_name)
+            sock = _connect(self.address, self.connect_timeout, self.dealer_name,
+                            _RUN_HINT if self.local_world_size > 1 else "")
+            inbox = _Inbox(sock, self.connect_timeout, self.dealer_name)
             watch = _ParentWatch(sock)
             try:
                 sock.sendall(wire.encode_hello(self.local_rank, self.worker, self.num_workers,
@@ -361,7 +477,7 @@ class SharedStreamFeed:
                     sock.sendall(wire.WANT)
                 except OSError:
                     pass  # the dealer is gone (or done and has pushed our END): read says so
-                block = self._receive(sock)
+                block = self._receive(inbox)
                 if block is None:
                     ended = True
                     break
@@ -389,20 +505,13 @@ class SharedStreamFeed:
             # never connected, or died after we finished): say so here too.
             raise dealer.failure
 
-    def _receive(self, sock: socket.socket) -> Optional[tuple]:
-        header = _recv_exact(sock, wire.HEADER.size)
-        if header is None:
+    def _receive(self, inbox: _Inbox) -> Optional[tuple]:
+        message = inbox.receive(self.max_payload)
+        if message is None:
             raise SourceError(f"the DataLoader worker that reads the shared stream"
                               f" ({self.dealer_name}) stopped before the end of the epoch (it"
-                              " died, or its loop ended early)")
-        try:
-            kind, count, size = wire.parse_header(header, BLOCK_RECORDS, self.max_payload)
-        except SourceError as exc:
-            raise SourceError(f"{self.dealer_name}, which reads the shared stream, sent {exc}")
-        payload = _recv_exact(sock, size) if size else bytearray()
-        if payload is None:
-            raise SourceError(f"the DataLoader worker that reads the shared stream"
-                              f" ({self.dealer_name}) stopped in the middle of a block")
+                              " died, or its loop ended early, or dropped this reader)")
+        kind, count, payload = message
         if kind == wire.END:
             return None
         if kind == wire.ERROR:

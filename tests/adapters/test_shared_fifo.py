@@ -102,20 +102,21 @@ def test_plan_shares_one_stream_between_workers_and_local_ranks(tmp_path, monkey
 
 
 def test_every_other_worker_learns_that_one_died(tmp_path):
-    """Without a DataLoader watching: three processes share a FIFO, one is killed; the two others
-    each end with a SourceError that says which worker went away (worker 1: the dealer tells
-    them; worker 0, the dealer itself: their sockets close)."""
+    """Without a DataLoader watching: three processes share a FIFO, one is killed while every
+    one of them still has blocks of its share to take; the two others each end with a
+    SourceError that says which worker went away (worker 1: the dealer tells them; worker 0, the
+    dealer itself: their sockets close). A worker whose whole share was out before the death is
+    not told (its records were delivered), so the scenario holds every worker after its first
+    batch until the victim is dead (it once killed whenever the victim had its first batch: a
+    flaky failure under load, the dealer's own worker having finished its share by then)."""
     result = run_scenario(tmp_path, "direct")
-    others = result["worker1"]["others"]
-    assert set(others) == {"0", "2"}
-    assert "DataLoader worker 1 left" in others["0"]["message"]  # the dealer names it
-    assert "direct-1.fifo" in others["0"]["message"]
-    for end in others.values():
-        # (a worker that starts late, after the dealer stopped, cannot reach it: also an error)
-        assert end["error"] == "SourceError", end
-        assert "worker 1 left" in end["message"] or "could not reach" in end["message"], end
-    others = result["worker0"]["others"]
-    assert set(others) == {"1", "2"}
-    for end in others.values():
-        assert end["error"] == "SourceError", end
-        assert "(worker 0) stopped" in end["message"] or "could not reach" in end["message"], end
+    for victim, others in ((1, ("0", "2")), (0, ("1", "2"))):
+        ends = result[f"worker{victim}"]["others"]
+        assert set(ends) == set(others), ends
+        for end in ends.values():
+            assert end["error"] == "SourceError", (victim, end)
+            if victim == 1:
+                assert "DataLoader worker 1 left" in end["message"], end  # the dealer names it
+                assert "direct-1.fifo" in end["message"], end
+            else:
+                assert "(worker 0) stopped" in end["message"], end

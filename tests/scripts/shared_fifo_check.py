@@ -137,14 +137,19 @@ def kill_worker(workdir, data, victim):
     return outcome
 
 
-def _direct_worker(tds, worker, num_workers, report):
-    """One 'DataLoader worker' without a DataLoader: iterate this worker's plan, say how it ended."""
+def _direct_worker(tds, worker, num_workers, report, go):
+    """One 'DataLoader worker' without a DataLoader: iterate this worker's plan, say how it ended.
+    After its first batch it says so and waits for the file ``go`` (so that the kill lands while
+    every worker still has blocks of its share to take; see direct_kill)."""
     count = 0
     try:
         for _ in tds.plan(epoch=0, worker=worker, num_workers=num_workers):
             count += 1
             if count == 1:
                 report.send(("started", os.getpid()))
+                deadline = time.monotonic() + 60
+                while not os.path.exists(go) and time.monotonic() < deadline:
+                    time.sleep(0.01)
         report.send(("done", count, None, None))
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         report.send(("done", count, type(exc).__name__, str(exc)))
@@ -153,23 +158,35 @@ def _direct_worker(tds, worker, num_workers, report):
 def direct_kill(workdir, data, victim):
     """Three worker processes share one FIFO; one is killed mid-epoch: every other one must end
     with an error saying what happened, within the time limit (no DataLoader to notice for them).
-    Each reports through its own pipe (a killed writer could leave a shared Queue's lock held)."""
+    Each reports through its own pipe (a killed writer could leave a shared Queue's lock held).
+
+    Mid-epoch for every worker: each waits after its first batch until the victim is dead. (The
+    kill once came when the victim reported its first batch, whenever the others were: under
+    load, a worker that started seconds earlier had taken its whole share and its END by then,
+    and rightly ended without an error: its records were all delivered. A worker whose share is
+    out is not told of a later death; see streamio.sharing.stream.)"""
     import multiprocessing
     from multiprocessing.connection import wait
 
     fifo = os.path.join(workdir, f"direct-{victim}.fifo")
     os.mkfifo(fifo)
+    go = os.path.join(workdir, f"direct-{victim}.go")
     writer = feed(fifo, data)
     ds = Dataset(fifo, "tfrecord", decoder=DECODER).batch(16).map(slow)
     tds = ds.to_torch(connect_timeout=30)
     ctx = multiprocessing.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(3)]
-    procs = [ctx.Process(target=_direct_worker, args=(tds, w, 3, pipes[w][1])) for w in range(3)]
+    procs = [ctx.Process(target=_direct_worker, args=(tds, w, 3, pipes[w][1], go))
+             for w in range(3)]
     for proc in procs:
         proc.start()
-    kind, pid = pipes[victim][0].recv()
+    pids = {}
+    for w in range(3):
+        kind, pids[w] = pipes[w][0].recv()  # every worker has its first batch and waits
     t0 = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pids[victim], signal.SIGKILL)
+    procs[victim].join(timeout=30)
+    open(go, "x").close()
     ends = {}
     readers = {pipes[w][0]: w for w in range(3) if w != victim}
     deadline = time.monotonic() + 120
