@@ -55,7 +55,7 @@ from typing import Mapping, Optional
 
 from ..errors import SourceError
 from ..errors import UsageError
-from .base import ByteSource, check_timeout
+from .base import ByteSource, check_timeout, logger
 
 DEFAULT_MAX_RETRIES = 5
 #: Resumes of one transfer in all, however much each delivered: a server that keeps dropping
@@ -392,7 +392,13 @@ class HttpSource(ByteSource):
             raise SourceError(f"{exc.what}{where}; gave up after {self.retries} resumes in all",
                               source=self.name) from exc.cause
         self.retries += 1
-        time.sleep(min(MAX_BACKOFF, self._backoff * 2 ** (self._failures - 1)))
+        pause = min(MAX_BACKOFF, self._backoff * 2 ** (self._failures - 1))
+        # A resume is a wait the user should hear of (a link that flaps, a server that drops):
+        # one line each, saying what failed, where, and how much of the budget is left.
+        logger.warning("%s: %s%s; resuming in %.2f s (failure %d of %d in a row, resume %d of"
+                       " %d in all)", self.name, exc.what, where, pause, self._failures,
+                       self._max_retries + 1, self.retries, self._max_total_retries)
+        time.sleep(pause)
 
     def _drop(self) -> None:
         if self._resp is not None:

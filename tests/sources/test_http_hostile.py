@@ -402,3 +402,16 @@ def test_every_failure_is_a_streamio_error(server):
         url = server.add(f"/e{i}", DATA, **behaviour)
         with pytest.raises(StreamioError):
             list(streamio.read_records(_http(url, max_retries=1), "tfrecord"))
+
+
+def test_each_resume_is_logged_with_where_and_the_budget_left(server, caplog):
+    # A link that flaps must not be silent: every resume says on logger "streamio" what failed,
+    # at which byte, and how much of the retry budget is left; the transfer still delivers.
+    data = DATA * 12
+    url = server.add("/flaplog", data, drop_after=[150_000] * 2)
+    with caplog.at_level("WARNING", logger="streamio"):
+        assert b"".join(_read_all(_http(url))) == data
+    lines = [r.getMessage() for r in caplog.records if r.name == "streamio"]
+    assert len(lines) == 2, lines
+    assert all(url in line and "resuming in" in line and "resume" in line for line in lines)
+    assert "at byte 150000" in lines[0] and "resume 1 of 100 in all" in lines[0]
