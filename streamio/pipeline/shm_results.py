@@ -280,7 +280,18 @@ class ParentResults:
                 segment = shared_memory.SharedMemory(name)
             except FileNotFoundError:
                 continue
+            except ValueError:  # empty: a child stopped between creating it and sizing it
+                _unlink_empty(name)
+                continue
             release_segment(segment)
+
+
+def _unlink_empty(name: str) -> None:
+    """Unlink a segment of ours that has no size (nothing can be mapped from it)."""
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
 
 
 def _retried(suggested: set) -> set:

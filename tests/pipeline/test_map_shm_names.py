@@ -153,3 +153,22 @@ def test_a_taken_name_is_retried_under_a_fresh_random_name(growing, tmp_path, mo
         assert_clean(before | set(planted))
     finally:
         remove(planted)
+
+
+def test_closing_unlinks_a_segment_a_child_created_but_never_sized():
+    """A child stopped between creating its result segment and sizing it leaves an empty
+    segment: closing the map must unlink it, not fail on it (mapping an empty file is a
+    ValueError; seen when a map was closed with tasks in flight on a loaded machine)."""
+    import _posixshmem
+
+    from streamio.pipeline.shm_results import ParentResults
+
+    name = f"{parallel.SEGMENT_PREFIX}{os.getpid()}-empty-{os.urandom(4).hex()}"
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    os.close(fd)
+    try:
+        ParentResults().close([name])
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        if os.path.exists(f"/dev/shm/{name}"):
+            os.unlink(f"/dev/shm/{name}")
