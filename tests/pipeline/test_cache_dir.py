@@ -12,7 +12,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import warnings
 
@@ -23,8 +22,8 @@ from streamio import Dataset
 from streamio.errors import StreamioWarning, UsageError
 
 from hostile_http import HostileHTTPServer
+from support.other_user import as_nobody, require_nobody
 
-NOBODY = ["unshare", "--net", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 RECORDS = [b"v1-record-%d" % i for i in range(20)]
 
 
@@ -33,22 +32,13 @@ def _data() -> bytes:
 
 
 def _as_nobody(script: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*NOBODY, "sh", "-c", script, "sh", *args], capture_output=True,
-                          timeout=60)
+    return as_nobody("sh", "-c", script, "sh", *args)
 
 
 @pytest.fixture
 def sticky_tmp():
     """A fresh folder like /tmp (world-writable, sticky): both users may make names in it."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("needs Linux and root (to act as uid 65534)")
-    if shutil.which("setpriv") is None or shutil.which("unshare") is None:
-        pytest.skip("setpriv/unshare not installed")
-    try:
-        if subprocess.run([*NOBODY, "true"], capture_output=True, timeout=60).returncode:
-            pytest.skip("unshare --net / setpriv not permitted here")
-    except OSError:
-        pytest.skip("unshare --net / setpriv not permitted here")
+    require_nobody("to act as uid 65534")
     base = tempfile.mkdtemp(prefix="streamio-cachedir-", dir="/tmp")
     os.chmod(base, 0o1777)
     yield base

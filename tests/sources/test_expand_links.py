@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -16,8 +14,8 @@ import pytest
 import streamio
 from streamio import Dataset
 from streamio.errors import UsageError
+from support.other_user import as_nobody, require_nobody
 
-NOBODY = ["unshare", "--net", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 SECRET = [b"root-only secret record"]
 PUBLIC = [b"public record %d" % i for i in range(3)]
 
@@ -27,15 +25,7 @@ def planted(tmp_path):
     """``shared/`` (world-writable) with ``a.tfrecord`` and ``sub/b.tfrecord``; uid 65534 then
     plants ``shared/zz.tfrecord -> secret.tfrecord`` or ``shared/zz -> private/`` (the folder
     holding root's 0600 ``b.tfrecord``). Returns ``(shared, plant)``."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("needs Linux and root (to act as uid 65534)")
-    if shutil.which("setpriv") is None or shutil.which("unshare") is None:
-        pytest.skip("setpriv/unshare not installed")
-    try:
-        if subprocess.run([*NOBODY, "true"], capture_output=True, timeout=60).returncode:
-            pytest.skip("unshare --net / setpriv not permitted here")
-    except OSError:
-        pytest.skip("unshare --net / setpriv not permitted here")
+    require_nobody("to act as uid 65534")
     private = tmp_path / "private"  # under pytest's 0700 folder: only root gets in
     private.mkdir()
     for name in ("secret.tfrecord", "b.tfrecord"):
@@ -51,8 +41,7 @@ def planted(tmp_path):
 
     def plant(target: str, name: str) -> str:
         link = os.path.join(shared, name)
-        proc = subprocess.run([*NOBODY, "ln", "-s", target, link], capture_output=True,
-                              timeout=60)
+        proc = as_nobody("ln", "-s", target, link)
         assert proc.returncode == 0, proc.stderr
         return link
 

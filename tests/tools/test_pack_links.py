@@ -17,28 +17,16 @@ import pytest
 
 import streamio
 from streamio.tools.pack import PackResult
+from support.other_user import as_nobody, require_nobody
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-NOBODY = ["unshare", "--net", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 SECRET = b"TOP-SECRET-0600-root-only-bytes"
-
-
-def _as_nobody(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*NOBODY, *argv], capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
 def nobody_ok():
-    if not sys.platform.startswith("linux") or os.geteuid() != 0:
-        pytest.skip("needs Linux and root (to plant links as uid 65534)")
-    if shutil.which("setpriv") is None or shutil.which("unshare") is None:
-        pytest.skip("setpriv/unshare not installed")
-    try:
-        if _as_nobody("true").returncode != 0:
-            pytest.skip("unshare --net / setpriv not permitted here")
-    except OSError:
-        pytest.skip("unshare --net / setpriv not permitted here")
+    require_nobody("to plant links as uid 65534")
 
 
 @pytest.fixture
@@ -67,7 +55,7 @@ def scene(tmp_path, nobody_ok):
 def _plant(*pairs: str) -> None:
     """``ln -s TARGET LINK`` for each pair, as uid 65534."""
     script = "; ".join(f'ln -s "${i}" "${i + 1}" || exit 1' for i in range(1, len(pairs), 2))
-    proc = _as_nobody("sh", "-c", script, "sh", *pairs)
+    proc = as_nobody("sh", "-c", script, "sh", *pairs)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -84,7 +72,7 @@ def _what_nobody_reads(out: str) -> bytes:
     names = sorted(n for n in os.listdir(out) if not n.startswith("."))
     got = b""
     for name in names:
-        proc = _as_nobody("cat", os.path.join(out, name))
+        proc = as_nobody("cat", os.path.join(out, name))
         got += proc.stdout
     return got
 
