@@ -384,13 +384,13 @@ int kind_at(PyObject *kinds, Py_ssize_t j, uint32_t allowed, const char *allowed
     return 0;
 }
 
-/* Raise streamio.decoders.wire.WireError(message, index, field); index -1 is None. */
+/* Raise streamio.decoders.wire._WireError(message, index, field); index -1 is None. */
 static void raise_wire_error(const char *message, Py_ssize_t index, PyObject *field)
 {
     PyObject *mod = PyImport_ImportModule("streamio.decoders.wire");
     if (mod == NULL)
         return;
-    PyObject *cls = PyObject_GetAttrString(mod, "WireError");
+    PyObject *cls = PyObject_GetAttrString(mod, "_WireError");
     Py_DECREF(mod);
     if (cls == NULL)
         return;
@@ -406,7 +406,7 @@ static void raise_wire_error(const char *message, Py_ssize_t index, PyObject *fi
     Py_DECREF(cls);
 }
 
-/* Raise WireError(message, index, field name of names[j]); no field when j is -1. */
+/* Raise _WireError(message, index, field name of names[j]); no field when j is -1. */
 void raise_field_error(const char *message, Py_ssize_t index, PyObject *names,
                        Py_ssize_t j, field_namer namer)
 {

@@ -295,7 +295,7 @@ static inline int piece_scan(const unsigned char *p, Py_ssize_t n, Py_ssize_t *c
 
 /* ---------------------------------------------------------------------------------------------
  * What every kernel does around its record walk: take the arguments, walk the records (without
- * the GIL for a large batch), raise the first failure as a WireError naming record and feature
+ * the GIL for a large batch), raise the first failure as a _WireError naming record and feature
  * ------------------------------------------------------------------------------------------- */
 
 /* A kernel's arguments: the records and one or two (names, kinds) pairs (a SequenceExample has a
@@ -344,7 +344,7 @@ static inline int walk_records(const record_set *rs, record_parser parse, void *
     return fault->rc;
 }
 
-/* The name a WireError gives feature j of a kernel's names tuple; NULL with an exception set. */
+/* The name a _WireError gives feature j of a kernel's names tuple; NULL with an exception set. */
 typedef PyObject *(*field_namer)(PyObject *names, Py_ssize_t j);
 
 /* pb_batch.c (hidden: other extensions in the process may define the same names). */

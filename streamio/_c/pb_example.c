@@ -317,7 +317,7 @@ static int example_record(void *state, Py_ssize_t i, walk_fault *fault)
 }
 
 /* The flat values of feature j of a part (checked as the reference checks them); NULL with an
- * exception set (a WireError naming the first record whose varints do not decode). */
+ * exception set (a _WireError naming the first record whose varints do not decode). */
 static PyObject *feature_values(const record_set *rs, const feature_set *s, Py_ssize_t j)
 {
     const piece_vec *v = &s->pieces[j];

@@ -17,11 +17,11 @@ def _dataset_class():
     try:
         from ..pipeline import Dataset
     except ImportError as exc:
-        raise Skip(f"streamio.pipeline.Dataset is not importable yet ({exc})") from None
+        raise _Skip(f"streamio.pipeline.Dataset is not importable yet ({exc})") from None
     return Dataset
 
 
-class Skip(Exception):
+class _Skip(Exception):
     """A case cannot run at this stage of the project; the message says why."""
 
 
@@ -29,7 +29,7 @@ def example_decoder():
     try:
         from ..decoders import Example, FixedLen
     except ImportError as exc:
-        raise Skip(f"the Example decoder is not importable yet ({exc})") from None
+        raise _Skip(f"the Example decoder is not importable yet ({exc})") from None
     return Example({"x": FixedLen((EXAMPLE_FLOATS,), "float32"), "label": FixedLen((), "int64")})
 
 
@@ -37,22 +37,22 @@ def _csv_decoder():
     try:
         from ..decoders import Csv
     except ImportError as exc:
-        raise Skip(f"the Csv decoder is not importable yet ({exc})") from None
+        raise _Skip(f"the Csv decoder is not importable yet ({exc})") from None
     try:  # SageMaker's CSV convention: no header, label first; float32 features
         return Csv(label_column=0, dtype="float32")
     except (TypeError, ValueError) as exc:
-        raise Skip(f"could not build Csv(label_column=0, dtype='float32'): {exc}") from None
+        raise _Skip(f"could not build Csv(label_column=0, dtype='float32'): {exc}") from None
 
 
 def _recordio_decoder():
     try:
         from ..decoders import RecordIOProtobuf
     except ImportError as exc:
-        raise Skip(f"the RecordIOProtobuf decoder is not importable yet ({exc})") from None
+        raise _Skip(f"the RecordIOProtobuf decoder is not importable yet ({exc})") from None
     try:
         return RecordIOProtobuf()
     except TypeError as exc:
-        raise Skip(f"could not build a RecordIOProtobuf decoder: {exc}") from None
+        raise _Skip(f"could not build a RecordIOProtobuf decoder: {exc}") from None
 
 
 def _check_decoder(decoder: Any, workload: Workload, expect: Callable[[dict], int]) -> None:
@@ -70,9 +70,9 @@ def _check_decoder(decoder: Any, workload: Workload, expect: Callable[[dict], in
         batch = decoder.decode_batch(records)
         rows = expect(batch)
     except Exception as exc:  # noqa: BLE001 - a decoder in progress may fail in any way
-        raise Skip(f"the decoder does not decode this workload yet: {type(exc).__name__}: {exc}")
+        raise _Skip(f"the decoder does not decode this workload yet: {type(exc).__name__}: {exc}")
     if rows != len(records):
-        raise Skip(f"the decoder returned {rows} rows for {len(records)} records")
+        raise _Skip(f"the decoder returned {rows} rows for {len(records)} records")
 
 
 def _format_of(workload: str) -> str:
@@ -88,10 +88,10 @@ def _count_batches(dataset: Any) -> int:
 
 
 def _skip_or(make: Callable[[], Callable[[str], int]]) -> Any:
-    """``make()``, or the :class:`Skip` it raised (the table prints why the case did not run)."""
+    """``make()``, or the :class:`_Skip` it raised (the table prints why the case did not run)."""
     try:
         return make()
-    except Skip as exc:
+    except _Skip as exc:
         return exc
 
 
@@ -255,7 +255,7 @@ def _pandas_reader(chunksize: int) -> Callable[[str], int]:
     try:
         import pandas as pd
     except ImportError:
-        raise Skip("pandas is not installed (pip install pandas)") from None
+        raise _Skip("pandas is not installed (pip install pandas)") from None
 
     def run(path: str) -> int:
         n = 0
@@ -295,7 +295,7 @@ _CASES_OF = {"examples": _examples_cases, "pipeline": _pipeline_cases,
 
 
 def streamio_cases(cfg: BenchConfig, work: dict) -> list:
-    """(case name, workload, runner name, input, consume(path) -> records, or a Skip)."""
+    """(case name, workload, runner name, input, consume(path) -> records, or a _Skip)."""
     cases: list = []
     for name, cases_of in _CASES_OF.items():
         # The examples workload is also generated for the peers' FIFO probe alone.

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .cases import Skip, example_decoder
+from .cases import _Skip, example_decoder
 from .config import ADAPTER_PARTS, BenchConfig, CSV_FEATURES, DEFAULT_BATCH_SIZE, EXAMPLE_FLOATS
 from .measure import peak_rss_mib, reset_peak_rss
 
@@ -238,12 +238,12 @@ def _module_available(name: str) -> bool:
 
 
 def peer_cases(cfg: BenchConfig, work: dict) -> list:
-    """(case name, workload, runner, input, (worker, op) or a Skip)."""
+    """(case name, workload, runner, input, (worker, op) or a _Skip)."""
     cases: list = []
     if not cfg.peers:
         return cases
-    tf_ok = _module_available("tensorflow") or Skip("tensorflow is not installed")
-    tfr_ok = _module_available("tfrecord") or Skip("the tfrecord package is not installed")
+    tf_ok = _module_available("tensorflow") or _Skip("tensorflow is not installed")
+    tfr_ok = _module_available("tfrecord") or _Skip("the tfrecord package is not installed")
     bs = cfg.batch_size
     if "examples" in work and "examples" in cfg.workloads:
         w = work["examples"]
@@ -256,7 +256,7 @@ def peer_cases(cfg: BenchConfig, work: dict) -> list:
                       "file", ("tfrecord", {"kind": "examples"}) if tfr_ok is True else tfr_ok))
     if "adapters" in work:
         w = work["adapters"]
-        torch_ok = _module_available("torch") or Skip("torch is not installed")
+        torch_ok = _module_available("torch") or _Skip("torch is not installed")
         tf_or = (lambda op: ("tf", op)) if tf_ok is True else (lambda op: tf_ok)
         native = f"tf.data TFRecordDataset.batch({bs}).map(parse_example, AUTOTUNE).prefetch"
         for loop in ("graph", "step"):

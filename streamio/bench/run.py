@@ -11,7 +11,7 @@ import traceback
 from dataclasses import asdict
 from typing import Any
 
-from .cases import Skip, streamio_cases
+from .cases import _Skip, streamio_cases
 from .config import BenchConfig, CaseResult, Measurement
 from .measure import FifoFeed, measure_here, rss_mib
 from .peers import PeerWorker, peer_cases
@@ -64,7 +64,7 @@ def _plan_cases(cfg: BenchConfig, work: dict) -> tuple:
         where = how[0] if isinstance(how, tuple) else "streamio"
         res = CaseResult(name, name.split("/")[0], runner, kind, where)
         results[name] = res
-        if isinstance(how, Skip):
+        if isinstance(how, _Skip):
             res.skipped = str(how)
             _log(cfg, f"skip {name}: {how}")
         else:

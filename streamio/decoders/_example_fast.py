@@ -11,7 +11,7 @@ import numpy as np
 from ._example_parse import (_check_kind, _feature_kind, _list_spans, _map_entries, _top_level,
                              parse_examples)
 from ._example_spec import KIND_BYTES, KIND_FLOAT, KIND_INT64
-from .wire import WireError, decode_packed_varints
+from .wire import _WireError, decode_packed_varints
 
 
 # --- the vectorised path: a batch of records that share one layout -------------------------------
@@ -113,7 +113,7 @@ def vectorisable_groups(records: Sequence[bytes], build: Any, leftover: List[np.
         group = [records[i] for i in rows] if len(rows) != nrec else list(records)
         try:
             layout = build(group[0])
-        except WireError:
+        except _WireError:
             leftover.append(rows)
             continue
         matrix = np.frombuffer(b"".join(group), dtype=np.uint8).reshape(len(rows), -1)
@@ -225,7 +225,7 @@ def parse_examples_fast(records: Sequence[bytes], names: Tuple[bytes, ...], kind
             records, lambda record: _Layout(record, names, kinds), leftover):
         try:
             found = [_group_values(layout, j, matrix, group) for j in range(len(names))]
-        except WireError:  # a varint over 10 bytes: let the reference parser name the record
+        except _WireError:  # a varint over 10 bytes: let the reference parser name the record
             leftover.append(rows)
             continue
         groups += 1
@@ -235,8 +235,8 @@ def parse_examples_fast(records: Sequence[bytes], names: Tuple[bytes, ...], kind
         rest = np.sort(np.concatenate(leftover))
         try:
             values, counts = parse_examples([records[i] for i in rest], names, kinds)
-        except WireError as exc:
-            raise WireError(exc.message, None if exc.index is None else int(rest[exc.index]),
+        except _WireError as exc:
+            raise _WireError(exc.message, None if exc.index is None else int(rest[exc.index]),
                             exc.field) from None
         for j in range(len(names)):
             parts[j].append((rest, values[j], counts[:, j]))

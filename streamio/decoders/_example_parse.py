@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._example_spec import _KIND_NAMES, KIND_FLOAT, KIND_INT64
-from .wire import WireError, _skip_value, decode_packed_varints, read_len, read_varint
+from .wire import _WireError, _skip_value, decode_packed_varints, read_len, read_varint
 
 
 # --- the reference wire parsers --------------------------------------------------------------
@@ -110,12 +110,12 @@ def _list_spans(buf: bytes, kind: int, lists: List[Tuple[int, int]]) -> List[Tup
             if tag == 0x0A:  # value, length-delimited: packed numbers or one bytes value
                 start, pos = read_len(buf, after, end)
                 if kind == KIND_FLOAT and (pos - start) & 3:
-                    raise WireError("packed float list is not a multiple of 4 bytes")
+                    raise _WireError("packed float list is not a multiple of 4 bytes")
                 spans.append((start, pos, False))
             elif tag == 0x0D and kind == KIND_FLOAT:  # one unpacked float (fixed32)
                 pos = after + 4
                 if pos > end:
-                    raise WireError("truncated float")
+                    raise _WireError("truncated float")
                 spans.append((after, pos, False))
             elif tag == 0x08 and kind == KIND_INT64:  # one unpacked int64 (varint)
                 pos = read_varint(buf, after, end)[1]
@@ -156,7 +156,7 @@ def _check_kind(kind: int, want: int) -> None:
     # An empty Feature (no list set) in a sequence step is a step with zero values, as in
     # tf.io.parse_sequence_example.
     if kind != want and kind != 0:
-        raise WireError(f"feature holds a {_KIND_NAMES[kind]}, expected a {_KIND_NAMES[want]}")
+        raise _WireError(f"feature holds a {_KIND_NAMES[kind]}, expected a {_KIND_NAMES[want]}")
 
 
 def _feature_name(names: Sequence[bytes], j: Optional[int]) -> Optional[str]:
@@ -171,7 +171,7 @@ def parse_examples(records: Sequence[bytes], names: Tuple[bytes, ...], kinds: Tu
     (``KIND_BYTES`` 1, ``KIND_FLOAT`` 2, ``KIND_INT64`` 3). Returns ``(values, counts)``:
     ``values[j]`` is the flat concatenation, in record order, of feature ``j``'s values (float32
     or int64 array, or a list of ``bytes``), ``counts[i, j]`` the number of values record ``i``
-    has for feature ``j``, or -1 where the feature is absent. Raises :class:`WireError` (with the
+    has for feature ``j``, or -1 where the feature is absent. Raises :class:`_WireError` (with the
     batch ``index`` and ``field``) for malformed protobuf or a feature of the wrong kind.
     """
     nf = len(names)
@@ -191,16 +191,16 @@ def parse_examples(records: Sequence[bytes], names: Tuple[bytes, ...], kinds: Tu
                 _check_kind(kind, kinds[j])
                 _list_values(buf, kind, lists, pieces[j], owners[j], i)
                 present[j].append(i)
-        except WireError as exc:
-            raise WireError(exc.message, i, _feature_name(names, j)) from None
+        except _WireError as exc:
+            raise _WireError(exc.message, i, _feature_name(names, j)) from None
     counts = np.full((len(records), nf), -1, dtype=np.int64)
     values: List[Union[np.ndarray, List[bytes]]] = []
     for j in range(nf):
         try:
             flat, per_record = _finish_values(kinds[j], pieces[j], owners[j], len(records))
-        except WireError as exc:  # a packed varint list cut short: find the record for the message
+        except _WireError as exc:  # a packed varint list cut short: find the record for the message
             bad = _first_bad_varint_owner(pieces[j], owners[j])
-            raise WireError(exc.message, bad, _feature_name(names, j)) from None
+            raise _WireError(exc.message, bad, _feature_name(names, j)) from None
         rows = np.array(present[j], dtype=np.int64)
         counts[rows, j] = per_record[rows]
         values.append(flat)
@@ -211,7 +211,7 @@ def _first_bad_varint_owner(pieces: List[bytes], owners: List[int]) -> Optional[
     for piece, owner in zip(pieces, owners):
         try:
             decode_packed_varints([piece])
-        except WireError:
+        except _WireError:
             return owner
     return None
 
@@ -270,16 +270,16 @@ def parse_sequence_examples(records: Sequence[bytes], context_names: Tuple[bytes
                         else:
                             pos = _skip_value(buf, tag, after, end, 0)
                 s_steps[i, j] = steps
-        except WireError as exc:
-            raise WireError(exc.message, i, _feature_name(names, j)) from None
+        except _WireError as exc:
+            raise _WireError(exc.message, i, _feature_name(names, j)) from None
     c_counts = np.full((len(records), nc), -1, dtype=np.int64)
     c_values = []
     for j in range(nc):
         try:
             flat, per_record = _finish_values(context_kinds[j], c_pieces[j], c_owners[j], len(records))
-        except WireError as exc:
+        except _WireError as exc:
             bad = _first_bad_varint_owner(c_pieces[j], c_owners[j])
-            raise WireError(exc.message, bad, _feature_name(context_names, j)) from None
+            raise _WireError(exc.message, bad, _feature_name(context_names, j)) from None
         rows = np.array(c_present[j], dtype=np.int64)
         c_counts[rows, j] = per_record[rows]
         c_values.append(flat)
@@ -287,12 +287,12 @@ def parse_sequence_examples(records: Sequence[bytes], context_names: Tuple[bytes
     for j in range(ns):
         try:
             flat, per_step = _finish_values(sequence_kinds[j], s_pieces[j], s_owners[j], n_steps[j])
-        except WireError as exc:
+        except _WireError as exc:
             step = _first_bad_varint_owner(s_pieces[j], s_owners[j])
             owner = None
             if step is not None:  # step number -> record
                 owner = int(np.searchsorted(np.cumsum(np.maximum(s_steps[:, j], 0)), step, "right"))
-            raise WireError(exc.message, owner, _feature_name(sequence_names, j)) from None
+            raise _WireError(exc.message, owner, _feature_name(sequence_names, j)) from None
         s_values.append(flat)
         step_counts.append(per_step)
     return c_values, c_counts, s_values, s_steps, step_counts

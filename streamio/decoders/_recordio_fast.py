@@ -12,7 +12,7 @@ from ._example_fast import _MIN_GROUP, SkeletonLayout, _merge, span_values, vect
 from ._recordio_parse import (_KIND_DTYPES, KIND_BYTES, KIND_FLOAT32, KIND_FLOAT64, KIND_INT32,
                               SECTION_FEATURES, SECTION_LABEL, _Name, _record_values, _Spans,
                               _tensor_spans, _value_kind, parse_recordio_protobuf)
-from .wire import WireError
+from .wire import _WireError
 
 # --- the vectorised path: records that share one layout -------------------------------------
 
@@ -41,7 +41,7 @@ class _RecordLayout(SkeletonLayout):
             if kind == 0:
                 continue
             if kind != kinds[j]:
-                raise WireError("kind differs")  # the reference parser words the error
+                raise _WireError("kind differs")  # the reference parser words the error
             values: _Spans = []
             keys: _Spans = []
             shape: _Spans = []
@@ -93,7 +93,7 @@ def parse_recordio_protobuf_fast(records: Sequence[bytes], names: Tuple[_Name, .
                     flat = flat.astype(_KIND_DTYPES[kind], copy=False)
                 found.append([(flat, counts), span_values(matrix, group, keys, 0),
                               span_values(matrix, group, shape, 0)])
-        except WireError:
+        except _WireError:
             leftover.append(rows)
             continue
         for j, streams in enumerate(found):
@@ -104,8 +104,8 @@ def parse_recordio_protobuf_fast(records: Sequence[bytes], names: Tuple[_Name, .
         try:
             values, counts, keys, key_counts, shapes, shape_counts = parse_recordio_protobuf(
                 [records[i] for i in rest], names, kinds)
-        except WireError as exc:
-            raise WireError(exc.message, None if exc.index is None else int(rest[exc.index]),
+        except _WireError as exc:
+            raise _WireError(exc.message, None if exc.index is None else int(rest[exc.index]),
                             exc.field) from None
         for j in range(nf):
             parts[0][j].append((rest, values[j], counts[:, j]))

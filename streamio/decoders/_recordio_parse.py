@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._example_parse import _read_tag, map_entry
-from .wire import WireError, _skip_value, decode_packed_varints, read_len, read_varint
+from .wire import _WireError, _skip_value, decode_packed_varints, read_len, read_varint
 
 
 SECTION_FEATURES = 1
@@ -67,9 +67,9 @@ def _tensor_spans(buf: bytes, kind: int, tensors: List[Tuple[int, int]], values:
             if tag == 0x0A:  # values (packed numbers, or one Bytes value)
                 start, pos = read_len(buf, after, end)
                 if kind == KIND_FLOAT32 and (pos - start) & 3:
-                    raise WireError("packed float32 values are not a multiple of 4 bytes")
+                    raise _WireError("packed float32 values are not a multiple of 4 bytes")
                 if kind == KIND_FLOAT64 and (pos - start) & 7:
-                    raise WireError("packed float64 values are not a multiple of 8 bytes")
+                    raise _WireError("packed float64 values are not a multiple of 8 bytes")
                 values.append((start, pos, False))
             elif kind == KIND_BYTES:
                 pos = _skip_value(buf, tag, after, end, 0)  # content_type and unknown fields
@@ -82,12 +82,12 @@ def _tensor_spans(buf: bytes, kind: int, tensors: List[Tuple[int, int]], values:
             elif tag == 0x0D and kind == KIND_FLOAT32:  # one unpacked float
                 pos = after + 4
                 if pos > end:
-                    raise WireError("truncated float32 value")
+                    raise _WireError("truncated float32 value")
                 values.append((after, pos, False))
             elif tag == 0x09 and kind == KIND_FLOAT64:  # one unpacked double
                 pos = after + 8
                 if pos > end:
-                    raise WireError("truncated float64 value")
+                    raise _WireError("truncated float64 value")
                 values.append((after, pos, False))
             elif tag == 0x08 and kind == KIND_INT32:  # one unpacked int32 varint
                 pos = read_varint(buf, after, end)[1]
@@ -154,7 +154,7 @@ def parse_recordio_protobuf(records: Sequence[bytes], names: Tuple[_Name, ...],
     of tensor ``j`` over the batch (float32 / float64 / int32 array, or a list of ``bytes``),
     ``keys[j]`` and ``shapes[j]`` its flat keys and shape dimensions (``uint64``), and the three
     ``(B, F)`` int64 count matrices how many of each record ``i`` has (``counts`` is -1 where the
-    record lacks the tensor). Raises :class:`WireError` (with batch ``index`` and ``field``).
+    record lacks the tensor). Raises :class:`_WireError` (with batch ``index`` and ``field``).
     """
     nrec, nf = len(records), len(names)
     lookups: Tuple[Dict[bytes, int], Dict[bytes, int]] = ({}, {})
@@ -169,7 +169,7 @@ def parse_recordio_protobuf(records: Sequence[bytes], names: Tuple[_Name, ...],
                 if kind == 0:  # an empty Value: treated as an absent one
                     continue
                 if kind != kinds[j]:
-                    raise WireError(f"holds a {_KIND_NAMES[kind]} where the first record has a"
+                    raise _WireError(f"holds a {_KIND_NAMES[kind]} where the first record has a"
                                     f" {_KIND_NAMES[kinds[j]]}")
                 c = collected[j]
                 value_spans: _Spans = []
@@ -183,8 +183,8 @@ def parse_recordio_protobuf(records: Sequence[bytes], names: Tuple[_Name, ...],
                         pieces.append(buf[start:stop])
                         owners.append(i)
                 c.present.append(i)
-        except WireError as exc:
-            raise WireError(exc.message, i, None if j is None else _field_name(names[j])) from None
+        except _WireError as exc:
+            raise _WireError(exc.message, i, None if j is None else _field_name(names[j])) from None
     values: List[Union[np.ndarray, List[bytes]]] = []
     keys: List[np.ndarray] = []
     shapes: List[np.ndarray] = []
@@ -210,8 +210,8 @@ def parse_recordio_protobuf(records: Sequence[bytes], names: Tuple[_Name, ...],
                                          minlength=nrec).astype(np.int64)
             key_flat, key_counts[:, j] = _varints(c.keys, c.key_owner, nrec)
             shape_flat, shape_counts[:, j] = _varints(c.shape, c.shape_owner, nrec)
-        except WireError as exc:
-            raise WireError(exc.message, _first_bad_owner(c, kind), _field_name(names[j])) from None
+        except _WireError as exc:
+            raise _WireError(exc.message, _first_bad_owner(c, kind), _field_name(names[j])) from None
         rows = np.array(c.present, dtype=np.int64)
         counts[rows, j] = per_record[rows]
         values.append(flat)
@@ -230,7 +230,7 @@ def _first_bad_owner(c: _Collected, kind: int) -> Optional[int]:
         for piece, owner in zip(pieces, owners):
             try:
                 decode_packed_varints([piece])
-            except WireError:
+            except _WireError:
                 bad.append(owner)
                 break
     return min(bad) if bad else None

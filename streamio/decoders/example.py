@@ -46,7 +46,7 @@ from ._example_fast import (SkeletonLayout, parse_examples_fast, span_values,  #
 from ._example_parse import map_entry, parse_examples, parse_sequence_examples  # noqa: F401
 from ._example_spec import (_DTYPES, _INT32_RANGE, DEFAULT_PAD_VALUE, KIND_BYTES,  # noqa: F401
                             KIND_FLOAT, KIND_INT64, FixedLen, VarLen)
-from .wire import WireError, encode_packed_varints, len_field
+from .wire import _WireError, encode_packed_varints, len_field
 from .sparse import SparseBatch
 from .spec import FieldSpec
 
@@ -240,7 +240,7 @@ class Example:
         try:
             parse = _c_parse_examples or parse_examples_fast
             values, counts = parse(records, self._names, self._kinds)
-        except WireError as exc:
+        except _WireError as exc:
             raise where.error(f"not a valid tf.train.Example: {exc.message}", exc.index, exc.field) from None
         out: Dict[str, Union[np.ndarray, SparseBatch]] = {}
         for j, (name, spec) in enumerate(self.features.items()):
@@ -318,7 +318,7 @@ class SequenceExample:
             parse = _c_parse_sequence_examples or parse_sequence_examples
             c_values, c_counts, s_values, s_steps, step_counts = parse(
                 records, self._c_names, self._c_kinds, self._s_names, self._s_kinds)
-        except WireError as exc:
+        except _WireError as exc:
             raise where.error(f"not a valid tf.train.SequenceExample: {exc.message}",
                               exc.index, exc.field) from None
         out: Dict[str, Union[np.ndarray, SparseBatch]] = {}

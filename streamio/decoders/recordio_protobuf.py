@@ -42,7 +42,7 @@ from ._recordio_parse import (_KIND_DTYPES, _KIND_NAMES, _SECTION_NAMES, KIND_BY
                               KIND_FLOAT32, KIND_FLOAT64, KIND_INT32, LABEL_PREFIX,
                               SECTION_FEATURES, SECTION_LABEL, _field_name, _Name,
                               parse_recordio_protobuf)
-from .wire import WireError
+from .wire import _WireError
 from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec
@@ -175,7 +175,7 @@ class RecordIOProtobuf:
     def _prime(self, record: bytes, where: _Where) -> None:
         try:
             tensors = record_tensors(record)
-        except WireError as exc:
+        except _WireError as exc:
             raise where.error(f"not a RecordIO-protobuf Record: {exc.message}", 0, None) from None
         # Label-only records are what Linear Learner and KMeans write as their output (scores,
         # closest cluster): read those. A record with no tensor at all is most likely some other
@@ -198,7 +198,7 @@ class RecordIOProtobuf:
         try:
             values, counts, keys, key_counts, shapes, shape_counts = parse_recordio_protobuf(
                 [record], names, tuple(kinds[name] for name in names))
-        except WireError as exc:
+        except _WireError as exc:
             raise where.error(f"not a RecordIO-protobuf Record: {exc.message}", 0, exc.field) from None
         columns = []
         outs: Dict[str, _Name] = {}
@@ -244,7 +244,7 @@ class RecordIOProtobuf:
             parse = _c_parse_recordio_protobuf or parse_recordio_protobuf_fast
             values, counts, keys, key_counts, shapes, shape_counts = parse(
                 records, self._names, self._kinds)
-        except WireError as exc:
+        except _WireError as exc:
             raise where.error(f"not a valid RecordIO-protobuf Record: {exc.message}",
                               exc.index, exc.field) from None
         out: Dict[str, Union[np.ndarray, SparseBatch]] = {}

@@ -21,7 +21,7 @@ from typing import Sequence, Tuple
 import numpy as np
 
 __all__ = [
-    "WireError",
+    "_WireError",
     "decode_packed_varints",
     "encode_varint",
     "encode_packed_varints",
@@ -45,7 +45,7 @@ _MAX_VARINT_BYTES = 10
 _MAX_GROUP_DEPTH = 100
 
 
-class WireError(Exception):
+class _WireError(ValueError):
     """Internal: the bytes are not valid protobuf, or not the message we expect.
 
     ``index`` is the position of the record in the batch being parsed and ``field`` the feature
@@ -63,7 +63,7 @@ class WireError(Exception):
 def read_varint(buf: bytes, pos: int, end: int) -> Tuple[int, int]:
     """Read the varint at ``buf[pos:end]``: ``(value as an unsigned 64-bit int, next position)``."""
     if pos >= end:
-        raise WireError("truncated varint")
+        raise _WireError("truncated varint")
     byte = buf[pos]
     if byte < 0x80:
         return byte, pos + 1
@@ -72,7 +72,7 @@ def read_varint(buf: bytes, pos: int, end: int) -> Tuple[int, int]:
     pos += 1
     while True:
         if pos >= end:
-            raise WireError("truncated varint")
+            raise _WireError("truncated varint")
         byte = buf[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
@@ -81,7 +81,7 @@ def read_varint(buf: bytes, pos: int, end: int) -> Tuple[int, int]:
             return result & _MASK64, pos
         shift += 7
         if shift >= 7 * _MAX_VARINT_BYTES:
-            raise WireError("varint longer than 10 bytes")
+            raise _WireError("varint longer than 10 bytes")
 
 
 def read_len(buf: bytes, pos: int, end: int) -> Tuple[int, int]:
@@ -94,7 +94,7 @@ def read_len(buf: bytes, pos: int, end: int) -> Tuple[int, int]:
         length, start = read_varint(buf, pos, end)
         stop = start + length
     if stop > end:
-        raise WireError("length-delimited field runs past the end of its message")
+        raise _WireError("length-delimited field runs past the end of its message")
     return start, stop
 
 
@@ -106,7 +106,7 @@ def skip_field(buf: bytes, pos: int, end: int) -> int:
 
 def _skip_value(buf: bytes, tag: int, pos: int, end: int, depth: int) -> int:
     if tag >> 3 == 0:
-        raise WireError("field number 0")
+        raise _WireError("field number 0")
     wire_type = tag & 7
     if wire_type == WIRE_VARINT:
         return read_varint(buf, pos, end)[1]
@@ -118,18 +118,18 @@ def _skip_value(buf: bytes, tag: int, pos: int, end: int, depth: int) -> int:
         pos += 8
     elif wire_type == WIRE_START_GROUP:
         if depth >= _MAX_GROUP_DEPTH:
-            raise WireError("groups nested too deeply")
+            raise _WireError("groups nested too deeply")
         while True:
             inner, pos = read_varint(buf, pos, end)
             if inner & 7 == WIRE_END_GROUP:
                 if inner >> 3 != tag >> 3:
-                    raise WireError("end-group tag does not match its start-group tag")
+                    raise _WireError("end-group tag does not match its start-group tag")
                 return pos
             pos = _skip_value(buf, inner, pos, end, depth + 1)
     else:  # wire type 4 (an end-group with no start), 6 or 7
-        raise WireError(f"invalid wire type {wire_type}")
+        raise _WireError(f"invalid wire type {wire_type}")
     if pos > end:
-        raise WireError("fixed-width field runs past the end of its message")
+        raise _WireError("fixed-width field runs past the end of its message")
     return pos
 
 
@@ -139,7 +139,7 @@ def decode_packed_varints(pieces: Sequence[bytes]) -> Tuple[np.ndarray, np.ndarr
     Each piece is the payload of one packed repeated varint field (or a single unpacked varint).
     Vectorised: a varint ends at each byte below 0x80, so numbering the bytes by the varint they
     belong to lets numpy shift and OR the 7-bit groups of all of them in a few array operations.
-    Raises :class:`WireError` if a piece ends inside a varint or a varint exceeds 10 bytes.
+    Raises :class:`_WireError` if a piece ends inside a varint or a varint exceeds 10 bytes.
     """
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
     data = np.frombuffer(b"".join(pieces), dtype=np.uint8)
@@ -149,7 +149,7 @@ def decode_packed_varints(pieces: Sequence[bytes]) -> Tuple[np.ndarray, np.ndarr
     piece_ends = np.cumsum(lengths)
     nonempty = lengths > 0
     if not last[piece_ends[nonempty] - 1].all():
-        raise WireError("packed varints end inside a varint")
+        raise _WireError("packed varints end inside a varint")
     ends = np.flatnonzero(last)
     # Varints seen by the end of each piece, differenced: the count in each piece.
     terminators = np.concatenate(([0], np.cumsum(last)))
@@ -160,7 +160,7 @@ def decode_packed_varints(pieces: Sequence[bytes]) -> Tuple[np.ndarray, np.ndarr
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
     if (ends - starts).max() >= _MAX_VARINT_BYTES:
-        raise WireError("varint longer than 10 bytes")
+        raise _WireError("varint longer than 10 bytes")
     owner = terminators[:-1]  # varint index of every byte (terminators seen before it)
     shift = (np.arange(len(data)) - starts[owner]).astype(np.uint64) * np.uint64(7)
     groups = (data & 0x7F).astype(np.uint64) << shift

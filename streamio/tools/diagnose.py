@@ -229,7 +229,11 @@ def _timed_run(name: str, iterable: Any, *, seconds: float, step: Optional[Calla
                 spent = clock() - got
                 fig.step_s += spent
             fig.timeline.append((got - before, spent))
-            if clock() - start >= seconds:
+            elapsed = clock() - start
+            # Past the time asked, stop once the run has counters to show (DataLoader workers
+            # publish theirs every second: a slow start must not leave the run without them).
+            if elapsed >= seconds and (stats is None or elapsed >= 3 * seconds
+                                       or stats() is not None):
                 break
     finally:
         close = getattr(it, "close", None)

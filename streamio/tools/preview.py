@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..decoders.wire import WireError, read_len, read_varint, skip_field
+from ..decoders.wire import read_len, read_varint, skip_field
 
 __all__ = ["preview"]
 
@@ -92,7 +92,7 @@ def _example(record: bytes) -> Optional[str]:
                     return None
                 name, value = _map_entry(record, elo, ehi)
                 features[name] = value
-    except (WireError, UnicodeDecodeError, struct.error, IndexError):
+    except (ValueError, struct.error, IndexError):  # the wire helpers raise ValueErrors
         return None
     return "{" + ", ".join(f"{name}: {value}" for name, value in features.items()) + "}"
 
@@ -105,7 +105,7 @@ def _map_entry(buf: bytes, start: int, end: int) -> tuple[str, str]:
         elif number == 2 and wire == 2:
             value = _feature(buf, lo, hi)
         else:
-            raise WireError("not an Example map entry")
+            raise ValueError("not an Example map entry")
     return name, value
 
 
@@ -113,12 +113,12 @@ def _feature(buf: bytes, start: int, end: int) -> str:
     kind, values = "empty", []
     for number, wire, lo, hi in _fields(buf, start, end):
         if wire != 2 or number not in (1, 2, 3):
-            raise WireError("not a Feature")
+            raise ValueError("not a Feature")
         kind = {1: "bytes", 2: "float", 3: "int64"}[number]
         values = []
         for n2, w2, vlo, vhi in _fields(buf, lo, hi):
             if n2 != 1:
-                raise WireError("not a value list")
+                raise ValueError("not a value list")
             if number == 1:
                 values.append(bytes(buf[vlo:vhi]))
             elif number == 2:

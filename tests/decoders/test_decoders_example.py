@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import streamio
 from streamio.decoders import Example, FieldSpec, FixedLen, SequenceExample, VarLen
-from streamio.decoders.wire import WireError, encode_packed_varints, encode_varint
+from streamio.decoders.wire import _WireError, encode_packed_varints, encode_varint
 from streamio.decoders.example import parse_examples, parse_examples_fast
 from streamio.errors import DecodeError, FormatError
 
@@ -336,7 +336,7 @@ def example_batches(draw):
 def _parse(fn, records, names, kinds):
     try:
         return fn(records, names, kinds)
-    except WireError as exc:
+    except _WireError as exc:
         return ("error", exc.message, exc.index, exc.field)
 
 
@@ -458,7 +458,7 @@ def test_reference_parser_agrees_with_protobuf(record, kind_a, kind_b):
         return
     try:
         values, counts = parse_examples([record], names, kinds)
-    except WireError as exc:
+    except _WireError as exc:
         # Only a value list of the wrong kind may fail where protobuf parses.
         assert "expected a" in exc.message, exc.message
         return

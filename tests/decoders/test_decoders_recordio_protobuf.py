@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import streamio
 from streamio.decoders import FieldSpec, FixedLen, RecordIOProtobuf, SparseBatch, VarLen
-from streamio.decoders.wire import WireError
+from streamio.decoders.wire import _WireError
 from streamio.decoders.recordio_protobuf import (encode_recordio_protobuf, parse_recordio_protobuf,
                                                  parse_recordio_protobuf_fast)
 from streamio.errors import DecodeError
@@ -311,7 +311,7 @@ def record_batches(draw):
 def _run(fn, records, names, kinds):
     try:
         return fn(records, names, kinds)
-    except WireError as exc:
+    except _WireError as exc:
         return ("error", exc.message, exc.index, exc.field)
 
 

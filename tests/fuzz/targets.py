@@ -273,12 +273,12 @@ def _normalize(value: Any) -> tuple:
 
 
 def outcome(fn: Callable[..., Any], *args: Any) -> tuple:
-    """What a caller sees: the arrays (bit for bit) or the WireError's message, index, field."""
-    from streamio.decoders.wire import WireError
+    """What a caller sees: the arrays (bit for bit) or the _WireError's message, index, field."""
+    from streamio.decoders.wire import _WireError
 
     try:
         result = fn(*args)
-    except WireError as exc:
+    except _WireError as exc:
         return ("error", exc.message, exc.index, exc.field)
     return ("ok",) + tuple(
         [_normalize(v) for v in part] if isinstance(part, list) else _normalize(part)

@@ -125,7 +125,7 @@ example_specs = st.lists(st.tuples(st.sampled_from(EXAMPLE_KEYS), st.integers(1,
 
 
 # The fuzz harness's oracle: the arrays bit for bit (dtype, shape, writability) or the
-# WireError's message, index and field; one definition for both.
+# _WireError's message, index and field; one definition for both.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
 from targets import _normalize, outcome as _outcome  # noqa: E402
 
