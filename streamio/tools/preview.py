@@ -22,6 +22,10 @@ from ..decoders.wire import read_len, read_varint, skip_field
 
 __all__ = ["preview"]
 
+
+class _NotAnExample(Exception):
+    """The bytes parse as protobuf, but not as a tf.train.Example (preview shows them raw)."""
+
 #: Values shown per feature before "...".
 MAX_VALUES = 4
 _TEXT_FORMATS = ("csv", "lines")
@@ -92,7 +96,7 @@ def _example(record: bytes) -> Optional[str]:
                     return None
                 name, value = _map_entry(record, elo, ehi)
                 features[name] = value
-    except (ValueError, struct.error, IndexError):  # the wire helpers raise ValueErrors
+    except (_NotAnExample, ValueError, struct.error, IndexError):  # wire helpers: ValueErrors
         return None
     return "{" + ", ".join(f"{name}: {value}" for name, value in features.items()) + "}"
 
@@ -105,7 +109,7 @@ def _map_entry(buf: bytes, start: int, end: int) -> tuple[str, str]:
         elif number == 2 and wire == 2:
             value = _feature(buf, lo, hi)
         else:
-            raise ValueError("not an Example map entry")
+            raise _NotAnExample("not an Example map entry")
     return name, value
 
 
@@ -113,12 +117,12 @@ def _feature(buf: bytes, start: int, end: int) -> str:
     kind, values = "empty", []
     for number, wire, lo, hi in _fields(buf, start, end):
         if wire != 2 or number not in (1, 2, 3):
-            raise ValueError("not a Feature")
+            raise _NotAnExample("not a Feature")
         kind = {1: "bytes", 2: "float", 3: "int64"}[number]
         values = []
         for n2, w2, vlo, vhi in _fields(buf, lo, hi):
             if n2 != 1:
-                raise ValueError("not a value list")
+                raise _NotAnExample("not a value list")
             if number == 1:
                 values.append(bytes(buf[vlo:vhi]))
             elif number == 2:
