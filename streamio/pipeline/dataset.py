@@ -379,7 +379,7 @@ class Dataset:
         ``max_bytes`` (default 1 GiB) or a :class:`~streamio.UsageError`; a directory keeps one
         file per reader there (``max_bytes``: a bound on its size, None for none). The stages
         before the cache always run as epoch 0. Details and limits:
-        :mod:`streamio.pipeline.cache` and docs/resume.md, "Caching a slow stream"."""
+        :mod:`streamio.pipeline.cache` and docs/caching.md."""
         if directory is not None:
             if not isinstance(directory, (str, os.PathLike)) or isinstance(
                     os.fspath(directory), bytes):

@@ -38,7 +38,7 @@ so a block kept too long raises rather than gives other bytes). Inputs read that
 their records are small (``reader.SPAN_MEAN_MAX``); larger ones come as lists. Two inputs read
 that way, without origins, take a loop of the kernel's own (``take_two_spans``: a quarter
 fewer instructions in the kernel, the mixed epoch 0.99x). The figures (``streamio bench
---workloads mix``) are in docs/resume.md, "What it costs".
+--workloads mix``) are in docs/mixing.md, "What it costs".
 An input's block of records in a list that only the mix holds (a reader's, handed over by the
 generators that made it: they keep no reference to what they yield) gives its items up to the
 output instead of having them counted, so placing a record does not touch it (counting it up,
@@ -70,7 +70,7 @@ reader's; two inputs read 1 MiB each, as each reads alone): a read of large reco
 objects, and the work a read costs beyond its bytes (Python's, about 80,000 instructions) is
 then spread over as many bytes as alone (records of 16 KiB mixed 1.00-1.09x their inputs alone
 over eleven runs, median 1.06, against 1.09-1.12x with the smaller shares in turns, 2026-11-28;
-docs/resume.md has the figures). Small records keep the smaller shares (a read of them is
+docs/performance.md has the figures). Small records keep the smaller shares (a read of them is
 thousands of objects: see below). Together the inputs hold at most about twice what one
 Dataset holds (``MIN_READ_SIZE`` each beyond 16 inputs), not a reader's worth each, and an
 input's block is placed over a few of one reader's blocks' worth of output. With every input
