@@ -404,7 +404,7 @@ def test_process_map_results_of_growing_size(tmp_path):
     # or about to be given back, and one more while it replaces a result segment (it creates
     # the new one, then unlinks the old one); children that kept their replaced result
     # segments until the end reach 20 and more here
-    from streamio.pipeline.shm_results import LEASES
+    from streamio.pipeline.parallel.shm_results import LEASES
     assert peak <= 2 * (2 + 2 + LEASES + 1), peak
     assert_clean(before)
 
@@ -435,7 +435,7 @@ def test_process_map_lends_results_while_the_consumer_keeps_a_few(path):
     later one, even after the consumer wrote into it; one that keeps more than the lending limit
     gets copies past it, still intact. (Tasks are 64 records: the results of one task share a
     segment, lent until the last of them is dropped.)"""
-    from streamio.pipeline.shm_results import LEASES
+    from streamio.pipeline.parallel.shm_results import LEASES
 
     want = [zlib.crc32(r) for r in RECORDS] * 4
     for keep in (1, 64 * (2 * LEASES + 1)):

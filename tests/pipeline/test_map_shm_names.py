@@ -161,7 +161,7 @@ def test_closing_unlinks_a_segment_a_child_created_but_never_sized():
     ValueError; seen when a map was closed with tasks in flight on a loaded machine)."""
     import _posixshmem
 
-    from streamio.pipeline.shm_results import ParentResults
+    from streamio.pipeline.parallel.shm_results import ParentResults
 
     name = f"{parallel.SEGMENT_PREFIX}{os.getpid()}-empty-{os.urandom(4).hex()}"
     fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)

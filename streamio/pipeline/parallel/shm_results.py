@@ -55,7 +55,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from ..errors import MapError
+from ...errors import MapError
 
 try:  # what multiprocessing.shared_memory itself uses on POSIX
     import _posixshmem

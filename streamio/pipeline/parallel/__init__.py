@@ -64,7 +64,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from ..errors import FormatError, MapError, MissingDependencyError, UsageError, UsageTypeError
+from ...errors import FormatError, MapError, MissingDependencyError, UsageError, UsageTypeError
 from ._mainless import MainlessProcess
 from .map_tasks import (BACKENDS, MAX_INFLIGHT_BYTES, TASK_BYTES, TASK_ITEMS, MapBackend,
                         MapPlace, Outcome, Seeds, Task, apply_fn, cut_tasks, item_rng)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Literal, Optional
 
 import numpy as np
 
-from ..decoders.skips import counting_skips
+from ...decoders.skips import counting_skips
 
 __all__ = ["BACKENDS", "MAX_INFLIGHT_BYTES", "MapBackend", "MapPlace", "Outcome", "Seeds",
            "TASK_BYTES", "TASK_ITEMS", "Task", "apply_fn", "cut_tasks", "item_nbytes",
