@@ -10,6 +10,9 @@ import difflib
 from typing import Any, Callable
 
 from ._base import DEFAULT_MAX_RECORD_SIZE, ON_ERROR_CHOICES, check_common
+# Records still in a read buffer and their CRC check: the seam a consumer of a reader's spans
+# (streamio.mix) uses, public here so that it need not reach into _framing.
+from ._framing import RecordSpans, masked_crc_matches
 from .recordio import MULTIPART_CHOICES, RecordIOFramer, encode_recordio
 from .sagemaker_wrapping import ManifestGroupFramer
 from .text import TextRowFramer
@@ -113,7 +116,7 @@ def make_framer(format: str, *, source: str, verify: bool = True, on_error: str 
 
 
 __all__ = [
-    "DEFAULT_MAX_RECORD_SIZE", "FORMATS", "ON_ERROR_CHOICES", "RecordIOFramer", "SUFFIX_FORMATS",
-    "TFRecordFramer", "TextRowFramer", "check_common", "encode_recordio", "encode_tfrecord", "make_framer", "masked_crc32c",
-    "register_format",
+    "DEFAULT_MAX_RECORD_SIZE", "FORMATS", "ON_ERROR_CHOICES", "RecordIOFramer", "RecordSpans",
+    "SUFFIX_FORMATS", "TFRecordFramer", "TextRowFramer", "check_common", "encode_recordio",
+    "encode_tfrecord", "make_framer", "masked_crc32c", "masked_crc_matches", "register_format",
 ]

@@ -33,12 +33,17 @@ def as_bytes_view(chunk) -> memoryview:
     return view
 
 
-def _crc_matches(record: bytes, buffer, at: int) -> bool:
+def masked_crc_matches(record: bytes, buffer, at: int) -> bool:
     """Whether the masked CRC-32C at ``buffer[at:at + 4]`` is ``record``'s (TFRecord's footer:
-    the one format whose spans leave their CRCs to the consumer)."""
+    the one format whose spans leave their CRCs to the consumer). Public for that consumer
+    (``streamio.mix`` checks a :class:`RecordSpans` record as it makes it); re-exported by
+    :mod:`streamio.formats`."""
     from .tfrecord import masked_crc32c
 
     return masked_crc32c(record) == int.from_bytes(buffer[at:at + 4], "little")
+
+
+_crc_matches = masked_crc_matches  # its earlier private name, which the fuzz targets use
 
 
 class RecordSpans:
@@ -79,7 +84,7 @@ class RecordSpans:
             raise IndexError("record index out of range")
         offset, length = self.spans[2 * index], self.spans[2 * index + 1]
         record = bytes(self.buffer[offset:offset + length])
-        if self.crcs and not _crc_matches(record, self.buffer, offset + length):
+        if self.crcs and not masked_crc_matches(record, self.buffer, offset + length):
             raise self.fault(index)
         return record
 
@@ -683,5 +688,5 @@ class LengthPrefixedFramer(FramerBase):
 
 __all__ = [
     "BAD_DATA", "BAD_HEADER", "LengthPrefixedFramer", "OK", "RecordSpans", "SPECIAL",
-    "TOO_LARGE", "UNCONFIRMED", "as_bytes_view",
+    "TOO_LARGE", "UNCONFIRMED", "as_bytes_view", "masked_crc_matches",
 ]

@@ -1,44 +1,31 @@
 """Elastic resume: finishing an interrupted epoch on a different number of shards.
 
-A sharded run (``ds.shard(n, i)`` for ``i < n``, or ``to_torch`` over ranks x DataLoader
-workers) checkpoints one state per shard. :meth:`Dataset.iter_from` given the **list** of those
-states, on a Dataset sharded differently (``ds.shard(m, j)``; ``m == 1``: unsharded), gives shard
-``j`` its share of everything the old shards had not delivered; the ``m`` new shards together
-deliver each remaining record exactly once, and with the old deliveries every record of the
-epoch exactly once. With the same layout (``m == n``) shard ``j`` resumes from its own state, as
+A sharded run (``ds.shard(n, i)``, or ``to_torch`` over ranks x DataLoader workers) checkpoints
+one state per shard. :meth:`Dataset.iter_from` given the **list** of those states, on a Dataset
+sharded differently (``ds.shard(m, j)``; ``m == 1``: unsharded), gives shard ``j`` its share of
+everything the old shards had not delivered: the ``m`` new shards together deliver each
+remaining record exactly once, and with the old deliveries every record of the epoch exactly
+once. With the same layout (``m == n``) shard ``j`` resumes from its own state, as
 :meth:`~Dataset.iter_from` always did: identical to the uninterrupted epoch.
 
-How the new shards learn what the old ones delivered: the states stay small (a count, the
-seeds, where the shard sat: ``shards`` and ``place``), so each new shard **replays** every old
-shard's epoch exactly as a same-layout resume does (same plan, rebuilt from the unsharded
-Dataset and the state's ``shards`` and ``place``, checked against the state's chain digest;
-same seeds, so the same shuffle and batch order), skips the ``delivered`` items, and keeps item
-``k`` of old shard ``i``'s remainder when ``(k + i) % m == j``: the records that sat in
-shuffle buffers, prefetch queues and half-built batches come out in the remainder where the
-uninterrupted epoch had them. The remainder's items are what the old pipeline makes (batches of
-the old batching, through the same stages); the epochs after it run on the new layout.
+How, with states that stay small (a count, the seeds, ``shards`` and ``place``): each new shard
+**replays** every old shard's epoch as a same-layout resume does (the old plan rebuilt from the
+unsharded Dataset and the state's ``shards`` and ``place``, checked against its chain digest;
+the same seeds, so the same order), skips the ``delivered`` items, and keeps item ``k`` of old
+shard ``i``'s remainder when ``(k + i) % m == j``: what sat in buffers and half-built batches
+comes out where the uninterrupted epoch had it. The remainder's items are what the old pipeline
+makes (batches of the old batching); the epochs after it run on the new layout.
 
-Cost: every new shard reads and frames the whole epoch of every old shard (``m`` times the
-epoch's bytes over all new shards), but decodes only its own share of the remainder where the
-pipeline allows skipping undecoded (the same rule as a same-layout resume: see
-:func:`streamio.pipeline.resume.plan_fast_forward`); after ``batch()``, a ``map``/``filter`` or a
-byte-bounded batch shuffle makes the replay decode every remaining item. Measured:
-``streamio bench --workloads elastic``.
+Cost: every new shard reads and frames every old shard's whole epoch (``m`` times the epoch's
+bytes in all), but decodes only its share of the remainder wherever a same-layout resume skips
+undecoded (:func:`streamio.pipeline.resume.plan_fast_forward`). Measured: ``streamio bench
+--workloads elastic``.
 
-An epoch resumed this way has its own state (``EpochIterator.state_dict()``): the old states
-under ``elastic`` with this shard's ``deal``, and a count. It resumes again on the same layout,
-or elastically on yet another (nested up to :data:`~streamio.pipeline.resume._MAX_NESTING`
-deep); its size is the old states' sizes plus ~200 bytes.
-
+An epoch resumed this way has its own state: the old states under ``elastic`` with this shard's
+``deal``, and a count; it resumes again on the same layout or elastically on another (nested up
+to :data:`~streamio.pipeline.resume._MAX_NESTING` deep; the old states' sizes plus ~200 bytes).
 A stream that can be read only once (a FIFO, a ``PipeChannel``), alone or dealt to several
-readers (``to_torch`` over one stream: block ``k`` to reader ``k % readers``, the state's
-``stream`` field; :mod:`streamio.pipeline.dealing`), is replayed from **one read**: every new
-reader takes every block of the epoch (the dealer sends each to all of them; a reader with no
-feed reads the stream itself), splits them into the old readers' shares
-(:class:`~streamio.pipeline.dealing.Demux`) and replays all the old plans together, taking
-their items in turn, one each (:func:`_start_one_read`); a nested elastic state merges the
-same way at every level. Old states of shards that each read their own copy of a stream
-(``shard(n, i)`` of a FIFO) cannot be replayed that way: :class:`~streamio.UsageError`.
+readers, is replayed from **one read** (:func:`_start_one_read`).
 """
 
 from __future__ import annotations
@@ -332,9 +319,15 @@ def _beyond_share(delivered: int, seen: int) -> UsageError:
 # -- a stream read once: the old shards replayed together -----------------------------------------
 def _start_one_read(ds: Any, carrier: dict, epoch: int, stats: EpochStats,
                     done: bool) -> Iterator[tuple]:
-    """An elastic epoch over a stream read once: every old reader's share is replayed from
-    one read of it (each reader of a shared stream gets every block of this epoch:
-    :mod:`streamio.pipeline.dealing`), the replays read in turn."""
+    """An elastic epoch over a stream read once (a FIFO, a ``PipeChannel``), alone or dealt to
+    several readers (``to_torch`` over one stream: block ``k`` to reader ``k % readers``, the
+    state's ``stream`` field): every new reader takes every block of the epoch (the dealer sends
+    each to all of them, :mod:`streamio.pipeline.dealing`; a reader with no feed reads the
+    stream itself), splits them into the old readers' shares
+    (:class:`~streamio.pipeline.dealing.Demux`) and replays all the old plans together, taking
+    their items in turn, one each; a nested elastic state merges the same way at every level.
+    Old states of shards that each read their own copy of a stream (``shard(n, i)`` of a FIFO)
+    cannot be replayed so: :class:`~streamio.UsageError`."""
     root = _tree(ds, carrier, "", [])
     leaves = [] if root is None or done else [leaf for leaf, _ in _runs(root, [])]
     shares = {leaf.share[0] for leaf in leaves} or {1}

@@ -1,88 +1,33 @@
 """``streamio.mix``: several Datasets' items interleaved by weight, deterministically for a seed.
 
-A mix is a :class:`~streamio.Dataset` without sources of its own whose first stage,
-:class:`~streamio.pipeline.stages.Mix`, runs one epoch of each input (same epoch number, rank
-and worker, so each input shuffles as it would alone, differently each epoch) and interleaves
-their items. Everything after it (``batch``, ``map``, ``prefetch``, ``shuffle``...) is an
-ordinary stage, and resume, ``shard`` and the adapters take it as any other Dataset.
+A mix is a sourceless :class:`~streamio.Dataset` whose first stage (:class:`~.stages.Mix`) runs
+one epoch of each input (same epoch number, rank and worker: each shuffles as it would alone)
+and interleaves their items; the stages after it, resume, ``shard`` and the adapters treat it as
+any Dataset.
 
-The order: which input gives the next item is drawn from the weights, ``DRAW`` choices at a
-time, from a generator keyed by ``(seed, epoch, rank, worker, stage, shards)``: each choice is
-a uint32 (half of one of the generator's 64-bit outputs, low half first) that picks the first
-live input whose cumulative weight, scaled to 2**32, is above it (so a weight is honoured to
-2**-32; one under 2**-32 of the live total is not chosen while others are live). The
-sequence of choices depends on nothing else (not on how the inputs' reads were chunked), so the
-output is a function of the inputs' item sequences and the seed: a replay (resume) gives the
-same order. When a choice
-falls on an input that has ended, ``stop="first_exhausted"`` ends the epoch there;
-``"all_exhausted"`` drops the input, discards the choices drawn after it and draws anew from
-the others' weights, renormalised (when the draws happen depends only on which inputs ended
-where, so this too is a function of the inputs).
+**Order** (resume and shards replay it: it must not drift): which input gives the next item is
+drawn ``DRAW`` choices at a time from a PCG64 keyed by ``(seed, epoch, rank, worker, stage,
+shards)``; each choice is a uint32 (half of one 64-bit output, low half first) that picks the
+first live input whose cumulative weight, scaled to 2**32, is above it (a weight is honoured to
+2**-32). Nothing else decides it (not how the inputs' reads were chunked): the output is a
+function of the inputs' item sequences and the seed. A choice that falls on an ended input ends
+the epoch (``stop="first_exhausted"``), or drops that input, discards the rest of the draw and
+draws anew from the others' weights, renormalised (``"all_exhausted"``). Seeds an input drew
+(``shuffle(seed=None)``) are replaced by seeds derived from the mix's seed and the input's
+place; given seeds are kept, and are part of the chain digest.
 
-Cost: one pass (``mix_take``: the C accelerator's, else :func:`mix_take_reference`, its numpy
-specification) maps the draws to inputs and places their items, and their record origins when a
-decoder needs them, until an output block is full or an input's block is used up; Python runs
-once or a few times per block, no Python work per item. An input that is its sources alone (no
-stage of its own) and reads TFRecord hands the kernel the records of each read where they lie
-(``RecordReader.record_lists(spans=True)``: the read buffer and each record's offset and
-length, its header checked by the scan), and the kernel makes each record (a bytes object) as
-it places it, checking its CRC as it copies it (``span_crcs``: one pass over the record's
-bytes, as a reader's list scan makes it; a record that fails stops the kernel before it, and
-its reader raises its error there, after the items before it, as if its scan had found it):
-records are then made, used and freed in the order the mix hands them out, as when
-one input is read alone, rather than made a read earlier in each input's order and interleaved
-(the allocator then fills the slots one input's consumed records left with the other's, and
-consecutive records of the output lie far apart). A read's block is used up before the reader
-is asked for the next, which reads into the same buffer (the reader releases the buffer first,
-so a block kept too long raises rather than gives other bytes). Inputs read that way only while
-their records are small (``reader.SPAN_MEAN_MAX``); larger ones come as lists. Two inputs read
-that way, without origins, take a loop of the kernel's own (``take_two_spans``: a quarter
-fewer instructions in the kernel, the mixed epoch 0.99x). The figures (``streamio bench
---workloads mix``) are in docs/mixing.md, "What it costs".
-An input's block of records in a list that only the mix holds (a reader's, handed over by the
-generators that made it: they keep no reference to what they yield) gives its items up to the
-output instead of having them counted, so placing a record does not touch it (counting it up,
-and down again when the input's block is freed, read memory the record had left a whole read
-earlier: a quarter fewer cache misses per epoch in the benchmark under valgrind's cache model);
-a block someone else holds (a cache's) is read, as before. Output blocks are about as long as
-the inputs' longest block so far (within ``MIN_SLICE`` and ``MAX_SLICE`` items). Without a
-decoder after the mix a block also ends where the draws end or where an input's block of spans
-ends (the records made from it reach the consumer soonest, while they are still in the CPU's
-cache); the end of an input's list does not end one (its records were made a read earlier, and
-cutting there made about 80 more blocks an epoch of the benchmark's 16 KiB mix). With one (the
-mix's decoder, which decodes a block's batches in one call) the blocks all have one length, the next
-input block pulled in mid-block: the decoder then allocates the same sizes block after block,
-which the C allocator reuses (the items placed in a block wait for it to fill: an input slow to
-give its next block delays them by that wait, at most one block's worth, where the mix would
-wait for it before its next item anyway). Blocks cut where an input's block ended held 3 to 17
-batches of 256, and the heap grew and was given back to the system (glibc trims it beyond twice
-its largest freed mapping) about 80 times an epoch in some runs: 5,700 page faults an epoch
-against 1,700 with equal blocks, and the decoded mix of the benchmark 1.32x its inputs alone
-against 1.15x (fresh processes, 11 rounds). Memory: one output block being placed (at most
-``MAX_SLICE`` items), plus each input's current block and read buffer (kept for the next
-reader when the input ends: ``streamio._read_buffers``). An input not given its
-own ``read_size`` reads a share of one reader's (``DEFAULT_READ_SIZE``, or the share an outer
-mix gives this one): its weight's share, or an equal share of the inputs' if that is more (at
-least ``MIN_READ_SIZE``). An input whose first read (``reader.PROBE_READ_SIZE``) shows large
-records (over ``reader.SPAN_MEAN_MAX`` bytes a frame) reads a larger share from then on
-(:func:`_large_shares`: twice one reader's size shared out the same way, each at most one
-reader's; two inputs read 1 MiB each, as each reads alone): a read of large records is few
-objects, and the work a read costs beyond its bytes (Python's, about 80,000 instructions) is
-then spread over as many bytes as alone (records of 16 KiB mixed 1.00-1.09x their inputs alone
-over eleven runs, median 1.06, against 1.09-1.12x with the smaller shares in turns, 2026-11-28;
-docs/performance.md has the figures). Small records keep the smaller shares (a read of them is
-thousands of objects: see below). Together the inputs hold at most about twice what one
-Dataset holds (``MIN_READ_SIZE`` each beyond 16 inputs), not a reader's worth each, and an
-input's block is placed over a few of one reader's blocks' worth of output. With every input
-reading 1 MiB, the mix of the benchmark (``streamio bench --workloads mix``, small records)
-took 1.05x as long as with these shares (2026-11-27): the same user time, more page faults
-(2,022 an epoch against 732). (An earlier version of the mix, reading 1 MiB each, ran
-1.20-1.35x its inputs read in turn.) The equal share keeps an input drawn rarely from reading
-in pieces so small that the work per read outweighs that (records of 16 KiB).
-
-An input's seeds that were drawn (``shuffle(seed=None)``) are replaced by seeds derived from the
-mix's seed and the input's place, so the mix's seed (which a resume state carries when it was
-drawn) fixes every order; an input's given seeds are kept, and are part of the chain digest.
+**Running** (:func:`_interleave`): one ``mix_take`` pass (the C kernel, else
+:func:`mix_take_reference`, its specification) per output block, no Python work per item. An
+input that is its sources alone and reads small TFRecord records hands the kernel each read's
+records where they lie (``RecordSpans``): the kernel makes each record as it places it (so in
+output order) and checks its CRC; one that fails ends the mix after every item before it, with
+its reader's error. An input's block is used up before its reader reads into that buffer again.
+Output blocks hold about the inputs' longest block (``MIN_SLICE`` to ``MAX_SLICE`` items): all
+of one length with a decoder after the mix; without one, also cut where the draws or an input's
+block of spans end; where blocks are cut never changes the order. **Memory**: one output block,
+each input's current block and read buffer; inputs without a ``read_size`` share one reader's by
+weight (or equally, if more; at least ``MIN_READ_SIZE``), more once their records prove large
+(:func:`_large_shares`): at most about twice one Dataset's. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -98,7 +43,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..errors import UsageError, UsageTypeError
-from ..formats._framing import RecordSpans, _crc_matches
+from ..formats import RecordSpans, masked_crc_matches
 from ..reader import DEFAULT_READ_SIZE
 from .dataset import Dataset, _check_seed
 from .epoch import INDEX_BITS, EpochRun, takes_header
@@ -175,7 +120,8 @@ def mix(datasets: Any, weights: Any = None, *, seed: Optional[int] = None,
     number. Unbatched inputs that share one decoder (the same object, or equal type and repr)
     make it the mix's: ``mix(...).batch(n)`` then decodes batches with it; otherwise a batch is
     a list of items. The inputs are all batched or all unbatched. See
-    :mod:`streamio.pipeline.mix` for the order, the cost and how seeds are derived.
+    :mod:`streamio.pipeline.mix` for the order and how seeds are derived, docs/mixing.md for
+    the cost.
     """
     inputs = _check_inputs(datasets)
     probabilities = _check_weights(weights, len(inputs))
@@ -355,6 +301,27 @@ class _Input:
             return items
         return None
 
+    def hand_over(self, k: int, parts: list, starts: list, origins: Optional[list]) -> bool:
+        """Put this input's next block in the kernel's lists as part ``k`` (its block used up,
+        or stopped at a record whose CRC failed); False once the input has ended or failed."""
+        if starts[k] < self.length:
+            # Not used up: its next record failed the CRC check the kernel made as it copied
+            # it. The reader's error for it, raised by the reader (next_block) as it would
+            # have been at that record.
+            self.spans.fault(starts[k])
+        # Held by `parts` alone (no local name here), so the kernel moves its items, not
+        # counting them.
+        parts[k] = self.next_block()
+        starts[k] = 0
+        if parts[k] is None:
+            parts[k] = _NOTHING
+            if origins is not None:
+                origins[k] = _NO_ORIGINS
+            return False
+        if origins is not None:
+            origins[k] = self.ids
+        return True
+
     def _learn_names(self) -> None:
         names = self.run.names
         if len(names) != self.names_seen:  # a new source opened: the mix names it too
@@ -381,7 +348,9 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
     ctx = ds.context
     run.batched = stage.makes_batches
     track = run.track_ids and not run.batched
-    # Each input's share of the read size (see the module's docstring).
+    # Each input's share of one reader's read size (DEFAULT_READ_SIZE, or the share an outer mix
+    # gives this one): its weight's, or an equal share if that is more, so an input drawn rarely
+    # does not read in pieces so small that the work per read outweighs them (docs/performance.md).
     budget = DEFAULT_READ_SIZE if run.read_size is None else run.read_size
     equal = 1 / sum(w > 0 for w in stage.weights)
     large = _large_shares(stage.weights, equal,
@@ -410,9 +379,10 @@ def mix_blocks(stage: Mix, blocks: Iterator[tuple], run: Any, position: int
 
 
 def _large_shares(weights: tuple, equal: float, budget: int) -> list:
-    """Each input's read size once its records prove large (see the module's docstring):
-    twice ``budget`` shared by ``max(weight, equal)``, each at most ``budget`` (what one
-    capped share leaves goes to the others); 0 for an input of weight 0."""
+    """Each input's read size once its records prove large (a read of them is few objects:
+    the work a read costs beyond its bytes is then spread as when reading alone, see
+    docs/performance.md): twice ``budget`` shared by ``max(weight, equal)``, each at most
+    ``budget`` (what one capped share leaves goes to the others); 0 for an input of weight 0."""
     want = {k: max(w, equal) for k, w in enumerate(weights) if w > 0}
     out = [0] * len(weights)
     total = 2 * budget
@@ -471,7 +441,8 @@ def _interleave(plans: list, run: Any, weights: tuple, stop: str,
     items: Optional[list] = None
     size = 0
     placed: Optional[np.ndarray] = None
-    # Blocks of one length for a decoder: see the module's docstring.
+    # Blocks of one length for a decoder: it then allocates the same sizes block after block,
+    # which the allocator reuses (docs/performance.md).
     equal = run.decoder is not None
     take = _TAKE
     cut = False  # whether the output block goes out at the next turn, full or not
@@ -506,25 +477,12 @@ def _interleave(plans: list, run: Any, weights: tuple, stop: str,
                 if short < 0:
                     cut = not equal  # the draws ended (or the block is full)
                     continue
-                # Input `short`'s block is used up: its next one, or it has ended. Held by
-                # `parts` alone (no local name here), so its items are moved, not counted.
+                # Input `short`'s block is used up: its next one, or it has ended.
                 inp = inputs[short]
                 cut = not equal and inp.spans is not None
-                if starts[short] < inp.length:
-                    # Not used up: its next record failed the CRC check the kernel made as
-                    # it copied it. The reader's error for it, raised below by the reader
-                    # (next_block) as it would have been at that record.
-                    inp.spans.fault(starts[short])
-                parts[short] = inp.next_block()
-                starts[short] = 0
-                if parts[short] is None:
-                    parts[short] = _NOTHING
-                    if track:
-                        origins[short] = _NO_ORIGINS
+                if not inp.hand_over(short, parts, starts, origins):
                     ended = short
                     break
-                if track:
-                    origins[short] = inp.ids
                 if inp.length > longest:
                     longest = inp.length
                     block = min(MAX_SLICE, max(MIN_SLICE, longest))
@@ -587,6 +545,44 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
     The kernel also moves the items out of a part that nothing but ``parts`` refers to (None
     takes their slots; see ``streamio/_c/mix.c``): no one else can see that part, so the
     results are the same. This reference only reads the parts."""
+    begin, raw, most, bound = _take_call(draws, begin, limit, bounds, parts, starts, out)
+    spans, sources, sizes = _take_parts(parts, starts, origins, origins_out, out, most)
+    draw = np.frombuffer(raw.cast("B"), dtype="<u4", count=most, offset=begin * _DRAW_BYTES)
+    choices = np.searchsorted(bound, draw.astype(np.uint64), side="right")
+    n, short = _first_short(choices, sizes, starts)
+    choices = choices[:n]
+    bad = _first_bad_record(choices, spans, starts, len(parts))
+    if bad is not None and bad[3]:
+        raise ValueError(f"parts[{bad[1]}] item {bad[2]} lies outside its buffer")
+    if bad is not None:  # the pass stops before the record whose CRC does not match
+        n, short = bad[0], bad[1]
+        choices = choices[:n]
+    counts = np.bincount(choices, minlength=len(parts))
+    # Grouped by part, in order within each: where the concatenated parts go.
+    order = np.argsort(choices, kind="stable")
+    items = np.empty(n, dtype=object)
+    items[order] = np.fromiter(itertools.chain.from_iterable(
+        (_made(*spans[k][:2], start, count) if k in spans else part[start:start + count])
+        for k, (part, start, count) in enumerate(zip(parts, starts, counts))),
+        dtype=object, count=n)
+    if sources is not None:
+        placed = np.frombuffer(memoryview(origins_out).cast("B"), dtype=np.int64)
+        placed[order] = np.concatenate([np.zeros(0, np.int64)] + [
+            source[start:start + count] for source, start, count in zip(sources, starts, counts)])
+    for k, count in enumerate(counts.tolist()):
+        if count:
+            starts[k] += count
+    if out is None:
+        out = []
+    out += items.tolist()
+    return out, begin + n, short
+
+
+def _take_call(draws: Any, begin: int, limit: int, bounds: Any, parts: list, starts: list,
+               out: Optional[list]) -> tuple:
+    """``(begin, draws, most, bounds)`` of a :func:`mix_take_reference` call, checked in the
+    kernel's order: ``draws`` a memoryview of whole uint32 draws, of which at most ``most``
+    (``limit``, as far as there are any from ``begin``) are taken, ``bounds`` as uint64."""
     if not isinstance(parts, list) or not isinstance(starts, list):
         raise TypeError("parts and starts must be lists")
     if out is not None and type(out) is not list:
@@ -614,8 +610,17 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
         raise ValueError("the last bound must be 2**32")
     if len(starts) != nparts:
         raise ValueError(f"starts has {len(starts)} entries for {nparts} parts")
+    return begin, raw, most, bound
+
+
+def _take_parts(parts: list, starts: list, origins: Optional[list], origins_out: Any,
+                out: Optional[list], most: int) -> tuple:
+    """``(spans, sources, sizes)`` of a :func:`mix_take_reference` call, checked in the
+    kernel's order: the span parts (``k -> (bytes, int64 pairs, crcs)``), the origins per part
+    as int64 arrays (None untracked) and each part's length in items."""
     if (origins is None) != (origins_out is None):
         raise TypeError("origins and origins_out are both None or neither")
+    nparts = len(parts)
     sources = None
     if origins is not None:
         if not isinstance(origins, list) or len(origins) != nparts:
@@ -631,9 +636,10 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
             if view.itemsize != 8:
                 raise ValueError(f"origins[{k}] must be a buffer of int64")
             sources.append(np.frombuffer(view.cast("B"), dtype=np.int64))
-    # Span parts first (k -> (bytes view, int64 pairs)), as the kernel takes their buffers.
+    # Span parts first, as the kernel takes their buffers.
     spans = {k: _span_part(k, part) for k, part in enumerate(parts)
              if type(part) is tuple and len(part) in (2, 3)}
+    sizes = []
     for k, (part, start) in enumerate(zip(parts, starts)):
         if k not in spans and not isinstance(part, list):
             raise TypeError(f"parts[{k}] must be a list or a (buffer, spans[, crcs]) tuple")
@@ -646,18 +652,27 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
             raise ValueError(f"starts[{k}] is {start}, outside parts[{k}] of {size} items")
         if sources is not None and len(sources[k]) != size:
             raise ValueError(f"origins[{k}] has {len(sources[k])} entries for {size} items")
-    draw = np.frombuffer(raw.cast("B"), dtype="<u4", count=most, offset=begin * _DRAW_BYTES)
-    choices = np.searchsorted(bound, draw.astype(np.uint64), side="right")
-    n, short = most, -1
+        sizes.append(size)
+    return spans, sources, sizes
+
+
+def _first_short(choices: np.ndarray, sizes: list, starts: list) -> tuple:
+    """``(n, short)``: the first choice whose part holds no item left (``short`` that part),
+    else ``(len(choices), -1)``."""
+    n, short = len(choices), -1
     for k in np.unique(choices).tolist():
-        held = (len(spans[k][1]) // 2 if k in spans else len(parts[k])) - starts[k]
+        held = sizes[k] - starts[k]
         where = np.flatnonzero(choices == k)
         if len(where) > held and where[held] < n:  # its held-th choice finds none left
             n, short = int(where[held]), k
-    choices = choices[:n]
+    return n, short
+
+
+def _first_bad_record(choices: np.ndarray, spans: dict, starts: list, nparts: int
+                      ) -> Optional[tuple]:
+    """The first choice that takes a span outside its buffer (an error: nothing changes) or a
+    record whose CRC does not match, as ``(choice, part, item, outside)``; else None."""
     counts = np.bincount(choices, minlength=nparts)
-    # The first draw that takes a span outside its buffer (an error: nothing changes) or a
-    # record whose CRC does not match (the pass stops before it).
     bad = None
     for k, (data, pairs, crcs) in spans.items():
         for i in range(int(counts[k])):
@@ -666,36 +681,13 @@ def mix_take_reference(draws: Any, begin: int, limit: int, bounds: Any, parts: l
             outside = (offset < 0 or length < 0 or offset > data.nbytes
                        or length > data.nbytes - offset
                        or (crcs and data.nbytes - offset - length < 4))
-            if outside or (crcs and not _crc_matches(bytes(data[offset:offset + length]), data,
-                                                     offset + length)):
+            if outside or (crcs and not masked_crc_matches(bytes(data[offset:offset + length]),
+                                                           data, offset + length)):
                 where = int(np.flatnonzero(choices == k)[i])
                 if bad is None or where < bad[0]:
                     bad = (where, k, j, outside)
                 break
-    if bad is not None and bad[3]:
-        raise ValueError(f"parts[{bad[1]}] item {bad[2]} lies outside its buffer")
-    if bad is not None:
-        n, short = bad[0], bad[1]
-        choices = choices[:n]
-        counts = np.bincount(choices, minlength=nparts)
-    # Grouped by part, in order within each: where the concatenated parts go.
-    order = np.argsort(choices, kind="stable")
-    items = np.empty(n, dtype=object)
-    items[order] = np.fromiter(itertools.chain.from_iterable(
-        (_made(*spans[k][:2], start, count) if k in spans else part[start:start + count])
-        for k, (part, start, count) in enumerate(zip(parts, starts, counts))),
-        dtype=object, count=n)
-    if sources is not None:
-        placed = np.frombuffer(memoryview(origins_out).cast("B"), dtype=np.int64)
-        placed[order] = np.concatenate([np.zeros(0, np.int64)] + [
-            source[start:start + count] for source, start, count in zip(sources, starts, counts)])
-    for k, count in enumerate(counts.tolist()):
-        if count:
-            starts[k] += count
-    if out is None:
-        out = []
-    out += items.tolist()
-    return out, begin + n, short
+    return bad
 
 
 def _span_part(k: int, part: tuple) -> tuple:

@@ -1,72 +1,32 @@
 """Exact mid-epoch resume by replay.
 
-A checkpoint of an epoch is small and JSON-serialisable::
+A checkpoint of an epoch is a small JSON-serialisable state (:func:`make_state`)::
 
     {"streamio_resume": 2, "epoch": 3, "delivered": 1200, "finished": false,
      "seeds": [7, 11], "chain": "<sha256 of the pipeline's description>",
      "shards": [[4, 1]], "place": [0, 1, 1, 2],
      "check": "<sha256 of every other field>-<4 hex digits per field>"}
 
-``shards`` (the ``shard(n, i)`` calls) and ``place`` (rank, world size, worker, workers) say
-where the reader sat: what an elastic resume (a list of every shard's states, on another
-layout: :mod:`streamio.pipeline.elastic`) rebuilds each old shard's plan from. An epoch resumed
-elastically adds ``elastic``: the states it resumed from and its ``deal``.
+``delivered`` counts the items (records, or batches after ``batch()``) the consumer took;
+``shards`` (the ``shard(n, i)`` calls) and ``place`` (rank, world size, worker, workers), where
+the reader sat, from which an elastic resume (:mod:`streamio.pipeline.elastic`) rebuilds plans.
 
-``delivered`` counts the items (records, or batches after ``batch()``) the consumer has taken
-from the epoch's iterator. Resuming (:meth:`Dataset.iter_from`) rebuilds the same epoch (same
-epoch number, so the same seeds) and fast-forwards past that many items: the records are read
-and framed again, shuffled and batched again, but the batches the consumer already has are
-**not decoded** (decoding is most of the cost of an epoch), then the epoch continues. Because
-every stage is a deterministic function of the record sequence and the seeds, the records that
-sat in the shuffle buffer, the prefetch queue or a partly built batch at checkpoint time come
-out again exactly where they would have: delivered-before plus delivered-after is exactly one
-epoch, in the uninterrupted run's order.
+Resuming (:meth:`Dataset.iter_from`) rebuilds the same epoch (same number, so the same seeds) and
+fast-forwards past ``delivered`` items: read, framed, shuffled and batched again but, where the
+stages allow, **not decoded** (:func:`plan_fast_forward`). Every stage being a deterministic
+function of the record sequence and the seeds, what sat in a shuffle buffer, a prefetch queue or
+a half-built batch comes out again where it would have: delivered-before plus delivered-after is
+exactly one epoch, in the uninterrupted order, wherever the sources give the same bytes again
+(docs/resume.md, "What is and is not restored"). The state holds no records and nothing of the
+process, so it stays a few hundred bytes. Stages are asked, never matched by name: one takes
+part by its ``resume_order`` (``"preserve"``, ``"reorder"``, ``"batch"``); a stage without one
+makes resume raise :class:`~streamio.UsageError` rather than resume inexactly.
 
-What this restores and what it does not:
-
-- Re-readable sources (files, gzip/zstd files, HTTP, S3, bytes): everything; the resumed epoch
-  is identical to the uninterrupted one. Cost: reading and framing the epoch up to the
-  checkpoint again (compressed sources are decompressed again), without decoding the skipped
-  batches. Measured figures: README, "Resuming mid-epoch".
-- A :class:`~streamio.PipeChannel` (SageMaker Pipe mode): a restarted job gets fresh FIFOs that
-  start over; the resumed epoch keeps its number from the state (so the same shuffle seeds) and
-  skips, by framing only, the records already delivered in that epoch. This is exact when the
-  new job's channel replays the same bytes as the interrupted epoch (SageMaker does, for the
-  same S3 prefix). The FIFO numbering of the new job is its own (it starts at ``_0``).
-- A single non-re-readable stream (stdin, a plain FIFO, a file object): resumes only if the
-  writer sends the same bytes again from the start of the epoch; streamio cannot check that,
-  and different bytes give a different (still well-formed) epoch.
-- Not restored: nothing of the process (threads, open sockets, decoder caches); they are
-  rebuilt. The state does not hold records or buffer contents, so it stays a few hundred bytes
-  whatever ``buffer_size`` is.
-
-Stages: resume asks each stage (:class:`streamio.pipeline.stages.Stage`), never its name. A
-stage takes part if it says how it orders items with ``resume_order``: ``"preserve"``
-(deterministic, order-preserving), ``"reorder"`` (a deterministic function of its input
-sequence and the seeds) or ``"batch"``. A stage without one makes resume raise
-:class:`~streamio.UsageError` rather than resume inexactly. Where the skipped items cannot stay
-undecoded (a stage after ``batch()`` whose ``reads_values`` is true: a ``map`` or ``filter``,
-or a batch ``shuffle`` with ``buffer_bytes``, whose order depends on the decoded sizes),
-fast-forward decodes them too: still exact, only slower; so does one whose ``item_flow`` is
-unknown (None). Otherwise the skipped batches are dropped before the decoder (every stage after
-``batch()`` passes items through: ``"same"``) or travel undecoded through the reordering
-(``"reorder"``) and offsetting (``"offset"``, ``leading_skip`` items dropped from the front)
-stages.
-
-A state is input (a checkpoint file, a DataLoader's state dict): every field is checked before it
-is used (:func:`check_fields`: types and sizes first, so a hostile object costs no more than its
-own size to refuse, then ``check``; :func:`check_state`: against the pipeline), and a state that
-does not fit is a :class:`~streamio.UsageError` naming the field. ``check`` covers every other
-field: a SHA-256 of them all (canonical JSON, 128 bits kept), then a short digest of each, so a field edited after the state was taken (``delivered``, ``finished``, ``epoch``,
-``shards``, ``place``, ``seeds``, a nested elastic state...) is named in the error. The digests
-are **unkeyed**: they catch accidents (a hand-edited or truncated checkpoint, a state of another
-pipeline, a merge of two checkpoints), not someone who can write the checkpoint and recompute
-them (:func:`seal` is public); a checkpoint is trusted input, like model weights
-(docs/security.md). States of version 1 (streamio before this check; their ``check`` covered the
-seeds only) are refused with an error that says so. ``seeds`` must be ``None`` exactly where a
-stage has no seed and equal every seed the pipeline was given explicitly; a seed the pipeline
-drew itself (``seed=None``) comes from the state. A ``delivered`` count beyond the end of the
-epoch is an error when the replay gets there.
+A state is input: every field is checked before it is used (:func:`check_fields`: types and sizes
+first, bounded whatever the object, then ``check``; :func:`check_state`: against the pipeline),
+and one that does not fit is a :class:`~streamio.UsageError` naming the field. ``check`` is an
+unkeyed digest of every other field (:func:`seal`): it catches accidents (an edited, truncated
+or foreign checkpoint), not someone who can write the checkpoint (docs/security.md).
 """
 
 from __future__ import annotations
@@ -198,9 +158,10 @@ def _digest(value: Any) -> str:
 
 
 def _digests(state: dict) -> str:
-    """``check`` for ``state``: a digest of every covered field (``all``), then, after a ``-``,
-    4 hex digits per field present, in :data:`_COVERED`'s order (its name and value: a value
-    moved to another field does not match), which name the fields an edit changed."""
+    """``check`` for ``state``: a SHA-256 of every covered field (canonical JSON, 128 bits
+    kept), then, after a ``-``, 4 hex digits per field present, in :data:`_COVERED`'s order (its
+    name and value: a value moved to another field does not match), which name the fields an
+    edit changed."""
     fields = {key: state[key] for key in _COVERED if key in state}
     each = "".join(_digest([key, value])[:4] for key, value in fields.items())
     return f"{_digest(fields)[:32]}-{each}"
@@ -334,7 +295,8 @@ def _check_seeds(state: dict) -> None:
 def check_fields(state: Any, _depth: int = 0) -> dict:
     """``state``'s fields checked on their own (types and sizes, then ``check``), before
     anything uses them: a :class:`~streamio.UsageError` names the field that is wrong. Bounded
-    time and memory whatever ``state`` is (no repr of what it holds)."""
+    time and memory whatever ``state`` is (no repr of what it holds). A state of version 1
+    (whose ``check`` covered the seeds only) is refused with an error that says so."""
     if not isinstance(state, dict):
         raise UsageTypeError(f"a resume state is a dict (from state_dict()), not"
                              f" {type(state).__name__}")
@@ -371,7 +333,10 @@ def check_fields(state: Any, _depth: int = 0) -> dict:
 
 
 def check_state(ds: Any, state: Any) -> dict:
-    """``state`` checked against ``ds``; UsageError says what does not match."""
+    """``state`` checked against ``ds``; UsageError says what does not match. ``seeds`` must be
+    None exactly where a stage has no seed and equal every seed the pipeline was given; a seed
+    the pipeline drew itself (``seed=None``) comes from the state. A ``delivered`` count beyond
+    the end of the epoch is found when the replay gets there (:func:`select_items`)."""
     check_fields(state)
     check_stages(ds._stages)
     pinned = ds._context.epoch
@@ -531,6 +496,15 @@ class FastForward:
 
 def plan_fast_forward(stages: tuple, has_decoder: bool, n: int,
                       selection: Optional[Selection] = None) -> FastForward:
+    """How a resumed epoch skips its first ``n`` items (``selection``: the items it delivers
+    instead, for an elastic resume), from what its stages say of themselves. The skipped
+    batches are decoded on the way (``"end"``: still exact, only slower) where a stage after
+    ``batch()`` reads decoded values (``reads_values``: a ``map`` or ``filter``, a batch
+    ``shuffle`` with ``buffer_bytes``, whose order depends on the decoded sizes) or has an
+    unknown ``item_flow`` (None). Otherwise they are dropped before the decoder when every stage
+    after ``batch()`` passes items through (``"same"``: ``"before_decode"``), or travel undecoded
+    through the reordering (``"reorder"``) and offsetting (``"offset"``: ``leading_skip`` items
+    dropped from the front) stages (``"lazy"``)."""
     check_stages(stages)
     last = len(stages) - 1
     batch_at = next((i for i, s in enumerate(stages) if stage_order(s) == "batch"), None)

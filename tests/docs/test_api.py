@@ -161,6 +161,7 @@ _INTERNAL_RAISES = {("cli.py", "_preview"), ("pipeline/dataset.py", "build"),
                     ("decoders/csv.py", "_to_bool"), ("bench/peers.py", None),
                     # a C kernel's reference raises what the kernel raises (internal misuse)
                     ("pipeline/mix.py", "mix_take_reference"), ("pipeline/mix.py", "_span_part"),
+                    ("pipeline/mix.py", "_take_call"), ("pipeline/mix.py", "_take_parts"),
                     ("formats/tfrecord.py", "scan_tfrecord_spans")}
 
 

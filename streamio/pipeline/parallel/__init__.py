@@ -20,31 +20,13 @@ Invariants of a parallel ``map`` (``num_parallel=k``):
   dropping the iterator stops the workers (threads are joined after their running task;
   processes are terminated) and unlinks every shared-memory segment.
 
-Processes: started with ``forkserver`` (``spawn`` where there is none), never ``fork``: by the
-time an epoch runs, the parent has threads (prefetch, torch's pools, TensorFlow's runtime), and
-a forked child can inherit a lock one of them held and deadlock. A forkserver child is a fork of
-a small single-threaded server, so starting ``k`` of them costs a fraction of a second per epoch,
-and they import neither torch nor TensorFlow unless ``fn`` needs them. ``fn`` is pickled with
-cloudpickle (by value where it cannot be imported by name: a lambda, a closure, a function of
-the user's script), and a child never imports the user's ``__main__`` (:mod:`._mainless`), so a
-script without an ``if __name__ == "__main__":`` guard works; that ``fn`` pickles is checked when
-``map()`` is called. The pickled function travels parent -> child only; nothing a child sends
-back is code (results are pickled data through the child's private pipe, buffers through
-segments only this user can open). Records go to a child through shared memory: each child has
-two slots (its two queued tasks), each a segment the parent creates once, reuses for task after
-task (grown when a task needs more) and unlinks when the stage closes; a task's records are
-written end to end and only their lengths travel through the pipe. Results come back the same
-way, one message per task: their large buffers (numpy arrays) through a result segment that the
-child creates and reuses, the rest pickled (see :mod:`.shm_results`); the consumer gets arrays
-that view the segment, lent until it drops them (no copy), or, past :data:`.shm_results.LEASES`
-results of one child in its hands, arrays copied out of it.
-
-Seeds: with ``map(..., seed=s)`` the function is called as ``fn(item, rng)``; ``rng`` is a
-``numpy.random.Generator`` from :func:`item_rng`, derived from ``(s, epoch, record)`` for
-items that are records (the record's source position and index: the same record gets the same
-draws whatever the parallelism, the worker that reads it or the order it arrives in) and from
-``(s, epoch, rank, worker, position)`` for batches (the batch's position in this reader's
-epoch). Never from time or process ids.
+Processes (:class:`_Processes`) come from a ``forkserver``, never ``fork``, and never import the
+user's ``__main__``; ``fn`` travels parent -> child only, pickled by value where it must be
+(cloudpickle): nothing a child sends back is code. Records and results travel through shared
+memory only this user can open (:mod:`.shm_results`). Seeds: ``map(..., seed=s)`` calls
+``fn(item, rng)`` with :func:`item_rng`'s generator, from ``(s, epoch, record)`` for records
+(the same draws whatever the parallelism, worker or arrival order) and from ``(s, epoch, rank,
+worker, position)`` for batches; never from time or process ids.
 """
 
 from __future__ import annotations
@@ -316,7 +298,28 @@ def _serve_tasks(conn: Any, fn: Callable, seeds: Optional[Seeds], attached: dict
 
 
 class _Processes:
-    """``backend="process"``: ``k`` forkserver children, two tasks queued on each at most."""
+    """``backend="process"``: ``k`` forkserver children, two tasks queued on each at most.
+
+    Started with ``forkserver`` (``spawn`` where there is none), never ``fork``: by the time an
+    epoch runs, the parent has threads (prefetch, torch's pools, TensorFlow's runtime), and a
+    forked child can inherit a lock one of them held and deadlock. A forkserver child is a fork
+    of a small single-threaded server, so starting ``k`` of them is cheap (docs/performance.md),
+    and they import neither torch nor TensorFlow unless ``fn`` needs them. ``fn`` is pickled
+    with cloudpickle (by value where it cannot be imported by name: a lambda, a closure, a
+    function of the user's script), and a child never imports the user's ``__main__``
+    (:mod:`._mainless`), so a script without an ``if __name__ == "__main__":`` guard works; that
+    ``fn`` pickles is checked when ``map()`` is called. The pickled function travels parent ->
+    child only; nothing a child sends back is code (results are pickled data through the
+    child's private pipe, buffers through segments only this user can open). Records go to a
+    child through shared memory: each child has two slots (its two queued tasks), each a
+    segment the parent creates once, reuses for task after task (grown when a task needs more)
+    and unlinks when the stage closes; a task's records are written end to end and only their
+    lengths travel through the pipe. Results come back the same way, one message per task:
+    their large buffers (numpy arrays) through a result segment that the child creates and
+    reuses, the rest pickled (:mod:`.shm_results`); the consumer gets arrays that view the
+    segment, lent until it drops them (no copy), or, past :data:`.shm_results.LEASES` results
+    of one child in its hands, arrays copied out of it.
+    """
 
     def __init__(self, fn: Callable, k: int, seeds: Optional[Seeds]) -> None:
         if multiprocessing.current_process().daemon:

@@ -2,44 +2,29 @@
 lent to the consumer without a copy.
 
 A map process pickles a task's results with protocol 5 and a ``buffer_callback``: every buffer
-of :data:`OUT_OF_BAND_MIN` bytes or more (a numpy array's data, a ``bytes``-like ``PickleBuffer``)
-is kept out of the pickle and written into one of the process's *result segments*; only the
-pickle of what is left (shapes, dtypes, small values: a few hundred bytes for a batch of images)
-and the buffers' offsets go through the pipe. A 9.6 MB batch of 224x224 images therefore costs
-one ``memcpy`` into shared memory, instead of a pickle, a pipe transfer in 64 KiB pieces and an
-unpickle.
+of :data:`OUT_OF_BAND_MIN` bytes or more (a numpy array's data, a ``bytes``-like
+``PickleBuffer``) is written into one of the process's *result segments*, and only the pickle of
+the rest (shapes, dtypes, small values) and the buffers' offsets go through the pipe: a large
+batch costs one ``memcpy`` instead of a pickle, a pipe transfer in 64 KiB pieces and an unpickle.
 
-**Lending.** The parent rebuilds the arrays as views of the segment itself (no copy: at 16
-decoding processes a copy out would cost the consumer's process a third of a core) and *lends*
+**Lending.** The parent rebuilds the arrays as views of the segment itself (no copy) and *lends*
 the segment to the consumer: it goes back to its process for reuse only once every array of
 that result is gone (a ``weakref.finalize`` on the one array all of them view). A process lends
 at most :data:`LEASES` results at a time; a result past that (a consumer that keeps batches) is
 copied out and its segment reused at once, so a process has at most ``LEASES`` lent segments,
 plus those of its results in flight or read ahead (two) and of those being given back, whatever
 the consumer keeps. A result is rebuilt only when the consumer takes it, so results read ahead
-do not count as lent. Arrays are writable and stay valid
-after the stage closes (an unlinked segment lives on while it is mapped).
+are not lent. Arrays are writable and stay valid after the stage closes (an unlinked segment
+lives on while it is mapped).
 
-Ownership (so that nothing is left in ``/dev/shm`` whatever happens):
-
-- A child creates its result segments itself, because only it knows how large a result is; it
-  names each one as the task it first carries says (``<prefix><child>-r<slot>-<random>``), a
-  name the parent chose and knows before the child can create it. It writes a result into the
-  smallest of its free segments that fits, else creates one (replacing, that is unlinking, a
-  free one that is too small, and saying so), and reports the segment's name with the result.
-  A segment is free again when the parent says so with a later task: right after copying out of
-  it, or once the consumer dropped the arrays lent from it.
-- The parent, at close, unlinks every segment a child may have left: every name reported and
-  the suggested name of every task still in flight, or the name the child took instead where
-  that one was taken (a child killed between creating a segment and reporting it). Names that no longer exist, or that another user holds, are skipped.
-  Mappings are never closed explicitly (a lent array may still use one); they go with their
-  last reference.
-
-Names: ``/dev/shm`` is shared by every user, and a name there is claimed by whoever creates it
-first. Every segment's name ends in a fresh random part (:func:`new_segment_name`), so nobody
-can create the next one ahead of us; and a name that is taken anyway is not an error: creation
-(:func:`create_segment`) retries with fresh random names. A name someone else created is never
-attached or unlinked.
+**Ownership**, so that nothing is left in ``/dev/shm`` whatever happens: a child creates its
+result segments (only it knows how large a result is) under names the parent chose first
+(:class:`ChildResults`); the parent, at close, unlinks every segment a child may have left,
+reported or not (:meth:`ParentResults.close`). **Names**: ``/dev/shm`` is shared by every user
+and a name there is claimed by whoever creates it first, so every name ends in a fresh random
+part (:func:`new_segment_name`), a name taken anyway is retried with fresh ones
+(:func:`create_segment`), and a name someone else created is never attached or unlinked. Why
+lend rather than copy out, in figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -146,7 +131,16 @@ def _capacity(total: int) -> int:
 
 
 class ChildResults:
-    """A map process's result segments: written into while free, lent out, given back."""
+    """A map process's result segments: written into while free, lent out, given back.
+
+    The child creates them itself, because only it knows how large a result is; it names each
+    one as the task it first carries says (``<prefix><child>-r<slot>-<random>``), a name the
+    parent chose and knows before the child can create it. It writes a result into the
+    smallest of its free segments that fits, else creates one (replacing, that is unlinking, a
+    free one that is too small, and saying so), and reports the segment's name with the
+    result. A segment is free again when the parent says so with a later task: right after
+    copying out of it, or once the consumer dropped the arrays lent from it.
+    """
 
     def __init__(self) -> None:
         self.segments: dict = {}  # name -> SharedMemory created by this process
@@ -267,7 +261,13 @@ class ParentResults:
 
     def close(self, leftovers: Iterable[str]) -> None:
         """Forget every mapping (a lent array keeps its own) and unlink every segment reported
-        and every name in ``leftovers`` that exists (call once the children are gone)."""
+        and every name in ``leftovers`` that exists (call once the children are gone).
+
+        ``leftovers``: the suggested name of every task still in flight; the name a child took
+        instead where that one was taken (a child killed between creating a segment and
+        reporting it) is found too. Names that no longer exist, or that another user holds, are
+        skipped. Mappings are never closed explicitly (a lent array may still use one); they go
+        with their last reference."""
         leftovers = set(leftovers)
         names = self.names | leftovers | _retried(leftovers)
         self.names = set()
