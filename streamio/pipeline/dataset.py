@@ -23,7 +23,7 @@ from ..errors import UsageError, UsageTypeError
 from ..reader import RecordReader, check_keywords, expand_sources
 from ..sources import check_source, source_name
 from . import parallel
-from . import elastic as _elastic
+from .resume import elastic as _elastic
 from . import resume as _resume
 from .epoch import EpochRun
 from .iterator import EpochIterator
@@ -548,7 +548,7 @@ class Dataset:
         layout this shard resumes from its own state; on another (this Dataset is
         ``shard(m, j)`` of the same pipeline, or unsharded) it gets its share of everything
         the old shards had not delivered: the ``m`` shards together deliver each remaining
-        record exactly once. See :mod:`streamio.pipeline.elastic`."""
+        record exactly once. See :mod:`streamio.pipeline.resume.elastic`."""
         if isinstance(state, (list, tuple)):
             return _elastic.iter_from_states(self, list(state))
         if isinstance(state, dict) and "elastic" in state:

@@ -9,7 +9,7 @@ stream carries the same bytes deals every reader the same records again: that is
 shared stream resumable mid-epoch, and a reader's share is a shard layer of its own (the
 state's ``stream`` field: ``[readers, index]``).
 
-An elastic resume (:mod:`streamio.pipeline.elastic`) replays every old reader's share from one
+An elastic resume (:mod:`streamio.pipeline.resume.elastic`) replays every old reader's share from one
 read of the stream: :class:`Demux` splits a stream of blocks (all of them, in order) into the
 old readers' shares, each a feed (:meth:`streamio.pipeline.Dataset.with_feed`) for that reader's
 replayed plan. Blocks of a share that nobody replays are dropped as they come; the others wait

@@ -1225,7 +1225,7 @@ TARGETS: Dict[str, Target] = {t.name: t for t in [
            ("streamio.formats._framing", "streamio.formats.tfrecord",
             "streamio.formats.recordio")),
     # No kernel: a cache file (Dataset.cache(directory)) another local user could have written.
-    Target("cache_file", (), run_cache_file, ("streamio.pipeline.cache_format",
+    Target("cache_file", (), run_cache_file, ("streamio.pipeline.cache.file_format",
                                                "streamio.pipeline.cache")),
 ]}
 

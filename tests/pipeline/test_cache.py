@@ -57,7 +57,7 @@ def _urls(server) -> list:
 
 def _gets(server) -> int:
     """Reads of the objects; a directory cache's checks (one-byte ``Range: bytes=0-0``
-    requests for the ETag, :mod:`streamio.pipeline.cache_sources`) are counted by ``_checks``."""
+    requests for the ETag, :mod:`streamio.pipeline.cache.sources`) are counted by ``_checks``."""
     return len(server.requests) - _checks(server)
 
 

@@ -9,7 +9,7 @@ A checkpoint of an epoch is a small JSON-serialisable state (:func:`make_state`)
 
 ``delivered`` counts the items (records, or batches after ``batch()``) the consumer took;
 ``shards`` (the ``shard(n, i)`` calls) and ``place`` (rank, world size, worker, workers), where
-the reader sat, from which an elastic resume (:mod:`streamio.pipeline.elastic`) rebuilds plans.
+the reader sat, from which an elastic resume (:mod:`streamio.pipeline.resume.elastic`) rebuilds plans.
 
 Resuming (:meth:`Dataset.iter_from`) rebuilds the same epoch (same number, so the same seeds) and
 fast-forwards past ``delivered`` items: read, framed, shuffled and batched again but, where the
@@ -38,8 +38,8 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ..errors import UsageError, UsageTypeError
-from .stages import close_blocks, describe_stage
+from ...errors import UsageError, UsageTypeError
+from ..stages import close_blocks, describe_stage
 
 __all__ = ["STATE_VERSION", "Deal", "FastForward", "Selection", "SkipFirst", "check_fields",
            "check_state", "describe_chain", "plan_fast_forward", "seal", "select_batches",
@@ -64,7 +64,7 @@ _MAX_SEED = 2 ** 1024 - 1
 
 
 def _source_key(source: Any) -> str:
-    from ..sources import PipeChannel, source_name
+    from ...sources import PipeChannel, source_name
 
     if isinstance(source, PipeChannel):
         # Its name carries the FIFO number, which a restarted job starts again: not part of
@@ -135,7 +135,7 @@ def make_state(ds: Any, epoch: int, delivered: int, finished: bool,
     """The state of ``ds``'s epoch ``epoch`` once ``delivered`` items went out. ``shards`` and
     ``place`` say where the reader sat in a sharded run (what an elastic resume rebuilds it
     from); ``elastic``, in an epoch resumed on another layout: the states it resumed from and
-    this shard's ``deal`` (see :mod:`streamio.pipeline.elastic`)."""
+    this shard's ``deal`` (see :mod:`streamio.pipeline.resume.elastic`)."""
     check_stages(ds._stages)  # a state that could not be resumed is refused when taken
     seeds = stage_seeds(ds._stages)
     chain = describe_chain(ds)
@@ -444,7 +444,7 @@ class Selection:
     """Which items of an epoch a resumed run delivers, by their position at the point where the
     fast-forward applies: the filters in turn, each over the items the ones before it kept. A
     plain resume is ``[SkipFirst(delivered)]``; an elastic one adds :class:`Deal` and more
-    :class:`SkipFirst` filters, some shared by several runs (:mod:`streamio.pipeline.elastic`)."""
+    :class:`SkipFirst` filters, some shared by several runs (:mod:`streamio.pipeline.resume.elastic`)."""
 
     __slots__ = ("filters",)
 

@@ -43,18 +43,18 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ..decoders.sparse import SparseBatch
-from ..errors import CorruptRecordError, SourceError, StreamioWarning, UsageError
-from .cache_dir import private_directory
+from ...decoders.sparse import SparseBatch
+from ...errors import CorruptRecordError, SourceError, StreamioWarning, UsageError
+from .directory import private_directory
 # The format's names, also read here by the tests and the fuzz target (as before the split).
-from .cache_format import (_BLOCK, _BLOCK_MAGIC, _MAGIC, _TRAILER, VERSION,  # noqa: F401
+from .file_format import (_BLOCK, _BLOCK_MAGIC, _MAGIC, _TRAILER, VERSION,  # noqa: F401
                            block_header, check_counts, check_payload, decode_block, encode_block,
                            encode_header, manifest_and_trailer, older_version, parse_block_header,
                            parse_cache, parse_manifest, parse_trailer)
-from .cache_sources import (changed_source, file_identities, local_files, remote_identities,
+from .sources import (changed_source, file_identities, local_files, remote_identities,
                             remote_urls)
-from .shuffle import estimate_nbytes
-from .stages import close_blocks
+from ..shuffle import estimate_nbytes
+from ..stages import close_blocks
 
 __all__ = ["DEFAULT_MAX_BYTES", "FILL_EPOCH", "MemoryCache", "cache_digest", "cached_blocks",
            "encode_block", "parse_cache", "parse_manifest", "parse_trailer", "decode_block"]
@@ -79,7 +79,7 @@ def _decoder_key(decoder: Any) -> Optional[str]:
 def cache_digest(ds: Any, position: int) -> tuple[str, str]:
     """``(digest, place)`` of the cache at ``position`` of ``ds``: the digest of everything that
     decides its items (not the epoch), and a key of the reader's place (its file name)."""
-    from .resume import describe_chain, stage_seeds
+    from ..resume import describe_chain, stage_seeds
 
     prefix = ds._stages[:position]
     ctx = ds._context
@@ -433,7 +433,7 @@ def _fresh(found: Optional[_CacheFile]) -> Optional[_CacheFile]:
 def _serve(complete: _Complete, run: Any, batched: bool) -> Iterator[tuple]:
     run.names.update(complete.names)
     if complete.header is not None and run.decoder is not None:
-        from .epoch import takes_header
+        from ..epoch import takes_header
 
         if takes_header(run.decoder):
             run.use_header(complete.header, complete.header_source)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..errors import SourceError, UsageError
+from ...errors import SourceError, UsageError
 
 __all__ = ["private_directory"]
 

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from ..errors import UsageError
-from . import resume as _resume
-from .dealing import Demux, cut_blocks
-from .epoch import EpochRun
-from .resume import Deal, Selection, SkipFirst
-from .stages import close_blocks
-from .stats import EpochStats
+from ...errors import UsageError
+from .. import resume as _resume
+from ..dealing import Demux, cut_blocks
+from ..epoch import EpochRun
+from . import Deal, Selection, SkipFirst
+from ..stages import close_blocks
+from ..stats import EpochStats
 
 __all__ = ["check_states", "iter_from_states", "resume_elastic_state"]
 
@@ -102,7 +102,7 @@ def _read_once(ds: Any) -> bool:
     """Whether ``ds`` reads a stream that can be read only once (a FIFO, a ``PipeChannel``,
     stdin), alone or shared with other readers: the old shards are then replayed together
     from one read of it (:func:`_start_one_read`)."""
-    from ..adapters import is_single_stream
+    from ...adapters import is_single_stream
 
     return ds._feed is not None or any(is_single_stream(s) for s in ds._all_sources)
 
@@ -265,7 +265,7 @@ def _start(ds: Any, epoch: int, elastic: dict, delivered: int, done: bool = Fals
     """The resumed epoch: the old shards' remainders, this shard's deal of them, from the
     ``delivered``-th item on (``done``: none of it, though a shared stream's epoch is still
     taken part in)."""
-    from .iterator import EpochIterator
+    from ..iterator import EpochIterator
 
     carrier = {"finished": False, "delivered": delivered, "elastic": elastic,
                "shards": [list(x) for x in ds._shard_layers], "place": _place(ds)}

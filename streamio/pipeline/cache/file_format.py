@@ -37,9 +37,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..decoders.sparse import SparseBatch
-from ..errors import CorruptRecordError, UsageError
-from .cache_sources import identity_ok, remote_ok
+from ...decoders.sparse import SparseBatch
+from ...errors import CorruptRecordError, UsageError
+from .sources import identity_ok, remote_ok
 
 __all__ = ["DICTS", "LISTS", "MAX_MANIFEST", "RECORDS", "VERSION", "block_header", "check_counts",
            "check_payload", "decode_block", "encode_block", "encode_header",

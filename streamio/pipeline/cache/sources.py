@@ -47,7 +47,7 @@ def _sources(ds: Any, stages: tuple) -> list:
 def local_files(ds: Any, stages: tuple) -> list:
     """The local paths ``ds`` reads through ``stages``: its sources that name a path (a plain
     path or a ``file://`` URL), and those of a mix's inputs, in order, each once."""
-    from ..sources.schemes import local_path
+    from ...sources.schemes import local_path
 
     paths = [local_path(s) for s in _sources(ds, stages)]
     return list(dict.fromkeys(p for p in paths if p is not None))
@@ -90,7 +90,7 @@ def identity_ok(entry: Any) -> bool:
 # -- remote objects ---------------------------------------------------------------------------
 def remote_urls(ds: Any, stages: tuple) -> list:
     """The http(s) and s3:// URLs ``ds`` reads through ``stages``, in order, each once."""
-    from ..sources.schemes import url_scheme
+    from ...sources.schemes import url_scheme
 
     urls = [s for s in _sources(ds, stages) if isinstance(s, str)
             and url_scheme(s) in ("http", "https", "s3")]
