@@ -12,8 +12,8 @@ from .decoders import (Csv, Example, FieldSpec, FixedLen, Image, ImageRecord, Ra
                        RecordIOProtobuf, SequenceExample, SparseBatch, VarLen, encode_example,
                        encode_image_record)
 from .errors import (CorruptRecordError, DecodeError, FormatError, MapError,
-                     MissingDependencyError, RecordTooLargeError, SourceError, StreamioError,
-                     TruncatedStreamError, UsageError, UsageTypeError)
+                     MissingDependencyError, RecordTooLargeError, SourceError, SplitError,
+                     StreamioError, TruncatedStreamError, UsageError, UsageTypeError)
 from .pipeline import Dataset
 from .pipeline.mix import mix
 from .reader import RecordReader, read_records, write_recordio_protobuf, write_records
@@ -44,6 +44,7 @@ __all__ = [
     "SequenceExample",
     "SourceError",
     "SparseBatch",
+    "SplitError",
     "StreamioError",
     "TruncatedStreamError",
     "UsageError",

@@ -7,6 +7,9 @@ Every exception streamio raises on purpose derives from :class:`StreamioError`::
      |    +-- CorruptRecordError     a checksum, magic number or part sequence does not check out
      |    +-- TruncatedStreamError   the stream ends inside a record (or an open CSV quote)
      |    +-- RecordTooLargeError    a length field exceeds ``max_record_size`` (nothing allocated)
+     |    +-- SplitError             a byte-range split falls where no reader can tell record
+     |    |                          starts from payload bytes (attributes: split_offset,
+     |    |                          next_start); raised whatever ``on_error`` says
      |    +-- DecodeError            a well-framed record does not decode (attribute: field)
      +-- SourceError            reading the bytes failed (I/O, HTTP status, timeouts); ``__cause__``
      |                          holds the original exception where there is one
@@ -56,6 +59,7 @@ __all__ = [
     "PackError",
     "RecordTooLargeError",
     "SourceError",
+    "SplitError",
     "StreamioError",
     "StreamioWarning",
     "TruncatedStreamError",
@@ -145,6 +149,27 @@ class TruncatedStreamError(FormatError):
 
 class RecordTooLargeError(FormatError):
     """A record is larger than ``max_record_size``; raised before anything is allocated."""
+
+
+class SplitError(FormatError):
+    """A byte-range split cannot be made from the bytes: the next range's reader would start
+    inside a record of the range before, where TFRecord frames in the payload chain over
+    ``CONFIRM_BYTES`` (TFRecord data stored as a record), and read them as records.
+
+    Raised by the reader of the range before, whatever ``on_error`` says, after its records
+    (the file itself may be sound). ``offset``/``record_index`` name that reader's record
+    holding the chain (the index counts from the range's first record, as in every error of a
+    range reader), ``split_offset`` the split point, ``next_start`` where the next range's
+    reader starts. The fix: an index beside the file (``streamio index FILE``), or shards of
+    whole files.
+    """
+
+    def __init__(self, message: str, *, source: Optional[str] = None,
+                 offset: Optional[int] = None, record_index: Optional[int] = None,
+                 split_offset: Optional[int] = None, next_start: Optional[int] = None) -> None:
+        self.split_offset = split_offset
+        self.next_start = next_start
+        super().__init__(message, source=source, offset=offset, record_index=record_index)
 
 
 class DecodeError(FormatError):

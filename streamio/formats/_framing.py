@@ -148,6 +148,13 @@ class LengthPrefixedFramer(FramerBase):
         # The last frame start at or after _stop_at found not to end the range (_at_stop False:
         # this reader frames it); -1: none yet.
         self._passed = -1
+        # Formats that CHECK_NEXT_START: the bytes fed from _stop_at on (from _watch_at), kept
+        # until _next_range_start finds where the next range's reader starts (_next_start);
+        # and the last record framed, (start, end, index), to name it if that is inside it.
+        self._watchbuf: Optional[bytearray] = None
+        self._watch_at = 0
+        self._next_start: Optional[int] = None
+        self._last_frame: Optional[tuple] = None
         self.done = False  # every record that starts in the range has been handed out
         # feed_spans: the span buffer while it runs, and what it framed there.
         self._span_out = None
@@ -212,6 +219,15 @@ class LengthPrefixedFramer(FramerBase):
         """Size of the frame a record the scan kernel delivered came from."""
         raise NotImplementedError
 
+    #: Byte ranges: whether the reader that stops runs the next range's search itself
+    #: (:meth:`_next_range_start`), for formats where a start found from the split point may
+    #: lie inside a record of the range before (:mod:`~streamio.formats.tfrecord`).
+    CHECK_NEXT_START = False
+    #: Bytes past the range's end kept for that search before it runs on each chunk fed:
+    #: more than a TFRecord range needs past its end in the common case (its last record and
+    #: CONFIRM_BYTES), so it runs only when this reader asks where its range ends.
+    WATCH_HELD = 4 * 1024 * 1024
+
     # -- public -------------------------------------------------------------------------------
     @property
     def offset(self) -> int:
@@ -223,14 +239,18 @@ class LengthPrefixedFramer(FramerBase):
 
         Call before the first :meth:`feed`. Returns the stream offset the caller must start
         feeding at (``start``): the framer then searches for the first record start it can
-        confirm, and stops (:attr:`done`) at the first record that starts at or after ``stop``.
-        Offsets in errors stay those of the whole stream; record indexes count from the range.
+        confirm, and stops (:attr:`done`) at the first record that starts at or after ``stop``
+        (a format that ``CHECK_NEXT_START``s: where the next range's reader starts, or it
+        raises :class:`~streamio.errors.SplitError` after its records). Offsets in errors stay
+        those of the whole stream; record indexes count from the range.
         """
         if self._fed or self._tail:
             raise UsageError("start_range() must come before the first feed()")
         self._fed = self._consumed = start
         self._seeking = start > 0  # offset 0 starts a record by definition
         self._stop_at = stop
+        if stop is not None and self.CHECK_NEXT_START:
+            self._watchbuf, self._watch_at = bytearray(), stop
         return start
 
     def rest_buffer(self) -> Optional[memoryview]:
@@ -287,6 +307,8 @@ class LengthPrefixedFramer(FramerBase):
     def feed(self, chunk) -> list[bytes]:
         self._raise_pending()
         view = as_bytes_view(chunk)
+        if self._watchbuf is not None and not self.done:
+            self._watch(view)
         self._fed += len(view)
         out: list[bytes] = []
         if self.done:
@@ -452,26 +474,13 @@ class LengthPrefixedFramer(FramerBase):
         buf = self._seekbuf
         buf += view
         base = self._consumed  # stream offset of buf[0]
-        end = len(buf)
-        keep = 0
         mv = memoryview(buf)
         try:
-            p = 0
-            while True:
-                q = self._find_sync(mv, p, end, base) if end - p >= self.HEADER else None
-                if q is None:
-                    keep = end if self._at_eof else max(p, end - (self.HEADER - 1))
-                    break
-                ok = self._seek_accepts(mv, q, end, base)
-                if ok is None:
-                    keep = q  # wait for the rest of the candidate frame
-                    break
-                if ok:
-                    rest = memoryview(bytes(mv[q:]))
-                    self._seeking = False
-                    self._consumed = base + q
-                    break
-                p = q + 1
+            q, keep = self._first_start(mv, len(buf), base)
+            if q is not None:
+                rest = memoryview(bytes(mv[q:]))
+                self._seeking = False
+                self._consumed = base + q
         finally:
             mv.release()
         if not self._seeking:
@@ -480,6 +489,54 @@ class LengthPrefixedFramer(FramerBase):
             return
         del buf[:keep]
         self._consumed = base + keep
+
+    def _first_start(self, mv, end: int, base: int) -> tuple:
+        """The search a range reader starts with: ``(q, q)`` for the first offset ``q`` of
+        ``mv[:end]`` (``mv[0]`` at stream offset ``base``) where a sound header starts that
+        :meth:`_seek_accepts` takes; ``(None, keep)`` when the bytes so far hold none (those
+        before ``keep`` start none; at the end of the stream ``keep`` is ``end``)."""
+        p = 0
+        while True:
+            q = self._find_sync(mv, p, end, base) if end - p >= self.HEADER else None
+            if q is None:
+                return None, (end if self._at_eof else max(p, end - (self.HEADER - 1)))
+            ok = self._seek_accepts(mv, q, end, base)
+            if ok is None:
+                return None, q  # wait for the rest of the candidate frame
+            if ok:
+                return q, q
+            p = q + 1
+
+    def _watch(self, view) -> None:
+        """Keep what ``view`` (at stream offset :attr:`offset`) holds from the range's end
+        on for :meth:`_next_range_start`. :meth:`_at_stop` asks it; past ``WATCH_HELD`` bytes
+        it is asked here too, so the bytes kept stay few (from the first offset not yet ruled
+        out) while this reader frames on, through damage, without asking."""
+        skip = self._stop_at - self._fed
+        if skip < len(view):
+            self._watchbuf += view[max(skip, 0):]
+            if len(self._watchbuf) > self.WATCH_HELD:
+                self._next_range_start()
+
+    def _next_range_start(self) -> Optional[int]:
+        """Where the next range's reader starts its records: the first offset at or after
+        this range's end that :meth:`_first_start` finds (the search that reader makes, in the
+        same bytes), or the stream's end if none; None: more bytes are needed. The range ends
+        there: :meth:`_at_stop` of a format that ``CHECK_NEXT_START`` answers from it."""
+        if self._next_start is None:
+            buf = self._watchbuf
+            mv = memoryview(buf)
+            try:
+                q, keep = self._first_start(mv, len(buf), self._watch_at)
+            finally:
+                mv.release()
+            if q is not None or self._at_eof:
+                self._next_start = self._watch_at + (keep if q is None else q)
+                self._watchbuf = None
+            else:
+                del buf[:keep]
+                self._watch_at += keep
+        return self._next_start
 
     def _end_range(self, offset: int) -> None:
         self._consumed = offset
@@ -495,6 +552,12 @@ class LengthPrefixedFramer(FramerBase):
                 return offset
             offset += self._framed_size(out[i])
         return None
+
+    def _note_last(self, out: list, before: int, end: int) -> None:
+        """Byte ranges (``CHECK_NEXT_START``): the records ``out[before:]`` were framed, the
+        last ending at stream offset ``end``; remember where it lies, to name it."""
+        if self._stop_at is not None and len(out) > before and self.CHECK_NEXT_START:
+            self._last_frame = (end - self._framed_size(out[-1]), end, self.record_index - 1)
 
     def _past_stop(self, offset: int) -> bool:
         """Whether a frame starting at stream ``offset`` must be asked :meth:`_at_stop` before
@@ -624,9 +687,11 @@ class LengthPrefixedFramer(FramerBase):
                     self.records += len(out) - before
                     pos = at - base
                     self._consumed = at
+                    self._note_last(out, before, at)
                     continue
             self.records += len(out) - before
             self._consumed = base + pos
+            self._note_last(out, before, base + pos)
             if pos < end and self._past_stop(base + pos):
                 continue  # decided at the loop's top, before the fault or the tail
             if status == OK:

@@ -15,7 +15,7 @@ from typing import Optional
 
 import crc32c as _crc32c
 
-from ..errors import CorruptRecordError, FormatError, RecordTooLargeError
+from ..errors import CorruptRecordError, FormatError, RecordTooLargeError, SplitError
 from ._base import DEFAULT_MAX_RECORD_SIZE, OnError
 from ._framing import BAD_DATA, BAD_HEADER, OK, TOO_LARGE, LengthPrefixedFramer
 from ._tfrecord_sync import find_tfrecord_sync_numpy
@@ -24,12 +24,13 @@ HEADER_SIZE = 12
 FOOTER_SIZE = 4
 #: How far a byte-range reader follows the chain of frames from a candidate record start
 #: before it takes it (and the reader before it, before it stops there): a payload that holds
-#: TFRecord frames chaining over less than this is never taken for records (see
-#: ``TFRecordFramer._chain_confirms``). Each range reads about this much past its end and
-#: holds it while it decides.
+#: TFRecord frames chaining over less than this is never taken for records; one chaining over
+#: more makes the split fail loudly (see ``TFRecordFramer._chain_confirms``). Each range reads
+#: about this much past its end and holds it while it decides.
 CONFIRM_BYTES = 256 * 1024
 _CONFIRM_SPANS = 4096  # frames per call of the hop kernel
 _DEAD_LINKS_MAX = 1 << 16  # offsets remembered as not starting a record
+_PENDING_MAX = 4  # candidates remembered as chained so far (two are pending at most)
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
@@ -187,6 +188,7 @@ class TFRecordFramer(LengthPrefixedFramer):
 
     HEADER = HEADER_SIZE
     COMPLETES_IN_PLACE = True
+    CHECK_NEXT_START = True  # see _at_stop
 
     def __init__(self, *, verify: bool = True, on_error: OnError = "raise",
                  max_record_size: int = DEFAULT_MAX_RECORD_SIZE, source: Optional[str] = None,
@@ -199,12 +201,13 @@ class TFRecordFramer(LengthPrefixedFramer):
                               else scan_tfrecord_spans)
         self._sync_kernel = _fast_find_tfrecord_sync if fast else find_tfrecord_sync
         # Byte ranges: the kernel that hops from frame to frame (writing spans, no copies), the span
-        # buffer it writes, how far a pending candidate has chained, and offsets known not to
-        # start a record (their chain broke).
+        # buffer it writes, how far pending candidates have chained (this range's start and the
+        # next one's may be pending at once, in a short range), and offsets known not to start
+        # a record (their chain broke).
         self._hop_kernel = (_fast_scan_spans if fast and _fast_scan_spans is not None
                             else scan_tfrecord_spans)
         self._confirm_spans = None
-        self._confirm_at: Optional[tuple] = None
+        self._confirm_at: dict = {}
         self._dead_links: set = set()
 
     def _scan(self, buf, pos, end, out):
@@ -225,10 +228,19 @@ class TFRecordFramer(LengthPrefixedFramer):
         q = self._sync_kernel(buf, pos, end, self.max_record_size)
         return None if q < 0 else q
 
-    # Byte ranges: see _chain_confirms. Both sides of a boundary ask it the same question, so
-    # the reader that stops and the one that starts agree on where the next range begins.
+    # Byte ranges: see _chain_confirms. The reader that stops makes the search the next
+    # range's reader makes (the first offset from its stop that confirms), so the two agree on
+    # where the next range begins, or the one that stops raises SplitError.
     def _at_stop(self, buf, pos, end, base):
-        return self._chain_confirms(buf, pos, end, base)
+        start = self._next_range_start()
+        if start is None:
+            return None
+        if start < base + pos:
+            # The next range starts inside this reader's records: they end here, then the
+            # error (parked: raised by the next call), whatever on_error says.
+            self._error = self._split_fault(start)
+            return True
+        return start == base + pos
 
     def _seek_accepts(self, buf, pos, end, base):
         return self._chain_confirms(buf, pos, end, base)
@@ -239,10 +251,11 @@ class TFRecordFramer(LengthPrefixedFramer):
         only with ``verify=False``), over at least :data:`CONFIRM_BYTES` or exactly to the end
         of the stream (a chain that ends in a cut frame, or in bytes too few for a header, does
         not confirm). None: more bytes are needed. The reader that starts takes the first
-        offset at or after its start that confirms; the reader that stops takes the first of
-        its own frames at or after its stop that confirms. The file's own frames chain to its
-        end and frames inside a payload do not (below), so both find the file's first record
-        start there: the ranges tile the records, each delivered once.
+        offset at or after its start that confirms. The reader that stops makes that same
+        search from its stop offset (:meth:`_next_range_start`) and ends at the offset found,
+        which must be one of its own frames. The file's own frames chain to its end and frames
+        inside a payload do not (below), so both find the file's first record start there:
+        the ranges tile the records, each delivered once.
 
         Why a chain: a payload may hold whole TFRecord frames (TFRecords packed as records).
         Frames inside a payload chain only inside it: at its end come the outer frame's data
@@ -251,17 +264,20 @@ class TFRecordFramer(LengthPrefixedFramer):
         broken chain is remembered as no record start (``_dead_links``: a payload of many small
         frames is searched once, not once per frame). Damage that breaks the file's own chain
         makes the reader that stops frame on through it, reporting it, to the next offset that
-        confirms, where the next range starts. Limits: frames inside one payload that chain
-        over more than ``CONFIRM_BYTES``, or frames forged to chain across records, can be
-        taken for records. No rule that reads from a split point on can do better for every
-        file (the bytes after it may be the tail of a record that holds them all): such files
-        need an index."""
+        confirms, where the next range starts. Limit: frames in payloads that chain over more
+        than ``CONFIRM_BYTES`` (a TFRecord file stored as one record, or frames forged to run
+        on across records) confirm, and the next range's reader takes them for records; no
+        rule that reads from a split point on can do better for every file (the bytes after
+        it may be the tail of a record that holds them all). The reader that stops, which
+        reads the file's own frames, then finds the offset inside its records and raises
+        :class:`~streamio.errors.SplitError`: such files need an index, or whole-file shards."""
         at = base + pos
         if at in self._dead_links:
             return False
         p = pos
-        if self._confirm_at is not None and self._confirm_at[0] == at:
-            p = max(pos, min(self._confirm_at[1] - base, end))  # already chained this far
+        reached = self._confirm_at.pop(at, None)
+        if reached is not None:
+            p = max(pos, min(reached - base, end))  # already chained this far
         horizon = pos + CONFIRM_BYTES
         spans = self._confirm_spans
         if spans is None:
@@ -280,7 +296,9 @@ class TFRecordFramer(LengthPrefixedFramer):
             if p >= horizon:
                 break
             if status == OK and not self._at_eof:  # the end of the bytes so far
-                self._confirm_at = (at, base + p)
+                if len(self._confirm_at) >= _PENDING_MAX:
+                    self._confirm_at.clear()
+                self._confirm_at[at] = base + p
                 return None
             if status == OK and p == end:
                 break  # chained to the end of the stream exactly
@@ -291,11 +309,38 @@ class TFRecordFramer(LengthPrefixedFramer):
                 self._dead_links.update(base + q - HEADER_SIZE for q in links)
                 self._dead_links.add(at)
             return False
-        self._confirm_at = None
         return True
 
     def _framed_size(self, record):
         return HEADER_SIZE + len(record) + FOOTER_SIZE
+
+    def _finish_extra(self, out):
+        # The stream ended before a frame of this reader's where its range ends: the next
+        # range's reader must find no record start either (it would be inside these records).
+        if self._stop_at is not None and not self.done and self._error is None:
+            self._at_eof = True
+            start = self._next_range_start()
+            if start < self._fed:
+                self._error = self._split_fault(start)
+
+    def _split_fault(self, start: int) -> SplitError:
+        """The next range's reader starts at stream offset ``start``, inside the records of
+        this one (whose last record framed is ``_last_frame``)."""
+        at, end, index = self._last_frame or (None, None, None)
+        if end is None:
+            where = "inside this range's records"
+        elif start < end:
+            where = f"inside record {index} (bytes {at} to {end})"
+        else:
+            where = f"in damaged bytes this reader skipped after record {index} (at byte {at})"
+        return SplitError(
+            f"cannot split by byte range at byte {self._stop_at}: the next range's reader would"
+            f" start at byte {start}, {where}, where TFRecord frames chain over {CONFIRM_BYTES}"
+            " bytes (TFRecord data stored as a record?) and would be read as records. The file"
+            " need not be damaged: write an index beside it (`streamio index FILE`), which"
+            " makes the cuts exact, or shard by whole files",
+            source=self.source, offset=at, record_index=index, split_offset=self._stop_at,
+            next_start=start)
 
     def _length_is_trusted(self, buf, pos):
         length, length_crc = _HEADER.unpack_from(buf, pos)

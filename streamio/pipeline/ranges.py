@@ -37,7 +37,7 @@ import warnings
 from typing import Any, Optional
 
 from ..codecs import infer_compression, make_codec
-from ..errors import FormatError, StreamioError, StreamioWarning
+from ..errors import FormatError, SplitError, StreamioError, StreamioWarning
 from ..formats.index_file import index_misfit, parse_index
 from ..reader import RecordReader
 from ..sources import source_name
@@ -254,7 +254,9 @@ def _cut(source: Any, index: str, starts: list, x: int, format: str, options: di
 def _records_from(source: Any, format: str, options: dict, start: int,
                   stop: Optional[int]) -> int:
     """How many records a range reader finds starting in ``[start, stop)`` (0, 1, or 2 meaning
-    "more than one": it stops there). Damage there counts as none."""
+    "more than one": it stops there). Damage there counts as none. A split at ``stop`` that
+    cannot be made (a record there holds TFRecord frames chaining on: ``SplitError``, after
+    the records) says nothing about where records start: the records found count."""
     reader = RecordReader(source, format, byte_range=(start, stop),
                           **dict(options, on_error="raise"))
     found = 0
@@ -263,6 +265,8 @@ def _records_from(source: Any, format: str, options: dict, start: int,
             found += len(records)
             if found > 1:
                 return 2
+    except SplitError:
+        return found
     except StreamioError:
         return 0
     finally:
