@@ -141,6 +141,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
 
+from .._util import WaitLog
 from ..errors import SourceError, UsageError
 from ..formats import DEFAULT_MAX_RECORD_SIZE
 from ..pipeline import origin_source
@@ -148,7 +149,7 @@ from ..sources import PipeChannel
 from ..sources.schemes import source_key
 from . import _wire as wire
 from ._local_ipc import peer_credentials, socket_name, stranger, user_key
-from .dealer import _RUN_HINT, BLOCK_BYTES, BLOCK_RECORDS, POLL_S, READ_AHEAD, Dealer, Nag
+from .dealer import _RUN_HINT, BLOCK_BYTES, BLOCK_RECORDS, POLL_S, READ_AHEAD, Dealer
 
 __all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "DEFAULT_CONNECT_TIMEOUT", "READ_AHEAD",
            "SharedStreamFeed", "dealer_address", "stream_address"]
@@ -263,13 +264,14 @@ class _Inbox:
         creds = peer_credentials(sock)
         self.dealer = dealer + (f", pid {creds[0]}, uid {creds[1]}" if creds else "")
         self.heard = time.monotonic()  # when a byte last came
-        self.nag = Nag()
+        self.waiting = WaitLog(self._describe_wait, waiting=False)  # for the block asked
         sock.settimeout(min(POLL_S * 5, timeout))
 
     def receive(self, max_payload: int) -> Optional[tuple]:
         """The next message but KEEPALIVEs, ``(kind, count, payload)``; None where the socket
         closed."""
         self.heard = time.monotonic()  # (the request just went out)
+        self.waiting.tick(self.heard)
         while True:
             header = self._exact(wire.HEADER.size)
             if header is None:
@@ -279,9 +281,9 @@ class _Inbox:
             except SourceError as exc:
                 raise SourceError(f"{self.dealer}, which reads the shared stream, sent {exc}")
             if kind == wire.KEEPALIVE:
-                self._note_wait(time.monotonic())
+                self.waiting.tick()
                 continue
-            self.nag.tick(False, 0.0, None)
+            self.waiting.end()
             payload = self._exact(size) if size else bytearray()
             return None if payload is None else (kind, count, payload)
 
@@ -312,12 +314,12 @@ class _Inbox:
                 f" nothing for {silent:.0f} s, not even the keep-alive it sends every few"
                 f" seconds (the stall bound: connect_timeout {self.timeout:g} s): it is frozen"
                 " or stopped (SIGSTOP, a cgroup freeze), or not a dealer")
-        self._note_wait(now)
+        self.waiting.tick(now)
 
-    def _note_wait(self, now: float) -> None:
-        self.nag.tick(True, now, lambda: (
-            f"a reader of the shared stream waits for its next block from {self.dealer}"
-            f" (heard from it {now - self.heard:.0f} s ago)"))
+    def _describe_wait(self, waited: float) -> str:
+        return (f"a reader of the shared stream waits for its next block from {self.dealer}, for"
+                f" {waited:.0f} s so far (last heard from it {time.monotonic() - self.heard:.0f}"
+                f" s ago); {self.timeout:g} s without a word from it (connect_timeout) ends it")
 
 
 def _connect(address: Any, timeout: float, dealer: str, hint: str = "") -> socket.socket:
