@@ -24,7 +24,6 @@ import collections
 import os
 import selectors
 import socket
-import sys
 import threading
 import time
 import warnings
@@ -49,8 +48,6 @@ READ_AHEAD = 4
 #: without progress the epoch ends with a SourceError naming it.
 BUFFER_BYTES = 1 << 30
 POLL_S = 0.2  # how often a waiting dealer looks at its deadlines and stop flag
-#: The GIL switch interval of a process while it deals (Python's default is 5 ms): see Dealer.run.
-DEALER_SWITCH_INTERVAL_S = 0.0005
 #: How often (at most) a reader that asked and waits hears that the dealer is alive (a fourth of
 #: the stall bound where that is shorter): a reader that hears nothing for ``connect_timeout``
 #: seconds knows the dealer stopped.
@@ -252,12 +249,7 @@ class Dealer(threading.Thread):
 
     # -- serving ------------------------------------------------------------------------------
     def run(self) -> None:
-        # Every client waits on this thread for each block while the process's own reader
-        # decodes holding the GIL; at Python's default switch interval (5 ms) each request
-        # could wait that long for it (measured: 2.6-6.7x slower for 2 DataLoader workers on
-        # one FIFO). The process keeps the shorter interval while it deals.
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, DEALER_SWITCH_INTERVAL_S))
+        # (No shorter GIL switch interval while dealing: it no longer paid, docs/performance.md.)
         try:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - every client is told, then we stop
@@ -286,7 +278,6 @@ class Dealer(threading.Thread):
             self.selector.close()
             self._wake_r.close()
             self.window.clear()
-            sys.setswitchinterval(switch)
             if self.reading.ident is not None:
                 self.reading.join(timeout=1.0)  # (blocked in a read: it closes when that returns)
 
