@@ -1,12 +1,15 @@
 """Small helpers several rooms share, one home each: an int argument's check, the rows of a
-batch, and closing a block iterator."""
+batch, closing a block iterator, and the log of a wait that lasts."""
 
 from __future__ import annotations
 
 import collections
 import itertools
+import logging
+import math
 import sys
-from typing import Any
+import time
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -81,3 +84,62 @@ def close_iterator(blocks: Any) -> None:
     close = getattr(blocks, "close", None)
     if close is not None:
         close()
+
+
+#: A wait this long is logged (logger ``streamio``, WARNING), then again every
+#: :data:`WAIT_LOG_INTERVAL_S` seconds while it lasts (:class:`WaitLog`).
+WAIT_LOG_AFTER_S = 5.0
+WAIT_LOG_INTERVAL_S = 30.0
+
+_log = logging.getLogger("streamio")
+
+
+class WaitLog:
+    """Says on logger ``streamio`` that a wait lasts: what it waits for, for how long, and what
+    would end it.
+
+    One policy for every wait of the library (a source waiting for a FIFO's writer, stdin or a
+    Pipe mode epoch; the shared stream's dealer and readers waiting for the stream or for each
+    other): nothing for the first :data:`WAIT_LOG_AFTER_S` seconds (short waits are normal),
+    then a WARNING, and another every :data:`WAIT_LOG_INTERVAL_S` while the wait lasts. WARNING
+    because a wait that long is what a user looks at when a job seems hung, and Python shows
+    warnings with no logging set up (the CLI prints them); a line every 30 s keeps a wait that
+    nothing ends (a FIFO without a timeout) from flooding the log.
+
+    ``describe(waited_s)`` returns the line: what is waited for, ``waited_s`` (how long so far)
+    and which timeout ends the wait (:func:`timeout_words`); it is called only when a line is
+    logged. A wait starts when the log is made (``waiting=False``: at the first :meth:`tick`);
+    :meth:`tick` says it goes on and logs when a line is due, :meth:`end` that it ended (the
+    next wait is logged after :data:`WAIT_LOG_AFTER_S` again). A loop that sleeps wakes by
+    :attr:`due` at the latest.
+    """
+
+    __slots__ = ("describe", "since", "due")
+
+    def __init__(self, describe: Callable[[float], str], *, waiting: bool = True) -> None:
+        self.describe = describe
+        self.since: Optional[float] = None
+        self.due = math.inf
+        if waiting:
+            self.tick()
+
+    def tick(self, now: Optional[float] = None) -> None:
+        """The wait goes on (at ``now``, a ``time.monotonic()``): log it if a line is due."""
+        if now is None:
+            now = time.monotonic()
+        if self.since is None:
+            self.since, self.due = now, now + WAIT_LOG_AFTER_S
+        elif now >= self.due:
+            self.due = now + WAIT_LOG_INTERVAL_S
+            _log.warning("%s", self.describe(now - self.since))
+
+    def end(self) -> None:
+        """The wait ended."""
+        self.since, self.due = None, math.inf
+
+
+def timeout_words(option: str, timeout: Optional[float]) -> str:
+    """What ends a wait: ``"open_timeout=300 s ends it"``, or how to bound one that has none."""
+    if timeout is None or not math.isfinite(timeout):
+        return f"nothing ends it (no {option}): pass {option}= (--{option.replace('_', '-')})"
+    return f"{option}={timeout:g} s ends it"

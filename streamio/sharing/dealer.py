@@ -13,31 +13,30 @@ It never waits on one reader or on the stream: the stream is read by a second th
 its unsent bytes queued; so the loop always keeps its deadlines, answers the others, and tells
 the readers that wait that it is alive (a KEEPALIVE every :data:`KEEPALIVE_S`). A reader that
 takes no byte of what it asked for within the stall bound (``connect_timeout``) is named and
-ends the epoch (a frozen or stopped process, or one that asks and never reads).
+ends the epoch (a frozen or stopped process, or one that asks and never reads). Its waits that
+last (for readers to connect, for the stream, for readers to take their blocks) are logged
+(:class:`streamio._util.WaitLog`).
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import selectors
 import socket
-import sys
 import threading
 import time
 import warnings
 from typing import Any, Iterator, Optional
 
+from .._util import WaitLog
 from ..errors import SourceError, StreamioError
 from ..pipeline.dealing import BLOCK_BYTES, BLOCK_RECORDS, cut_blocks
 from . import _wire as wire
 from ._local_ipc import listen, peer_credentials, stranger
 
-__all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "BUFFER_BYTES", "KEEPALIVE_S", "LOG_AFTER_S", "POLL_S",
-           "Dealer", "READ_AHEAD", "Nag"]
-
-log = logging.getLogger("streamio")
+__all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "BUFFER_BYTES", "KEEPALIVE_S", "POLL_S", "Dealer",
+           "READ_AHEAD"]
 
 #: Blocks the dealer frames ahead of the requests, beyond one for each reader (block k is
 #: reader k % readers's, so each reader's next block is at most ``readers`` blocks ahead).
@@ -49,41 +48,14 @@ READ_AHEAD = 4
 #: without progress the epoch ends with a SourceError naming it.
 BUFFER_BYTES = 1 << 30
 POLL_S = 0.2  # how often a waiting dealer looks at its deadlines and stop flag
-#: The GIL switch interval of a process while it deals (Python's default is 5 ms): see Dealer.run.
-DEALER_SWITCH_INTERVAL_S = 0.0005
 #: How often (at most) a reader that asked and waits hears that the dealer is alive (a fourth of
 #: the stall bound where that is shorter): a reader that hears nothing for ``connect_timeout``
 #: seconds knows the dealer stopped.
 KEEPALIVE_S = 2.0
-#: A wait this long is logged (logger ``streamio``) with what it waits for, then every
-#: :data:`LOG_EVERY_S` seconds while it lasts.
-LOG_AFTER_S = 5.0
-LOG_EVERY_S = 15.0
 #: How long the dealer that ends an epoch with an error gives its readers to take that error.
 TELL_S = 5.0
 _KEEPALIVE = wire.encode_keepalive()
 SEND_BUFFER = 4 << 20  # asked of each client's socket (the kernel may cap it: net.core.wmem_max)
-
-
-class Nag:
-    """Logs a wait that lasts: after :data:`LOG_AFTER_S`, then every :data:`LOG_EVERY_S`."""
-
-    __slots__ = ("since", "due", "level")
-
-    def __init__(self, level: int = logging.INFO) -> None:
-        self.since: Optional[float] = None
-        self.due = 0.0
-        self.level = level
-
-    def tick(self, waiting: bool, now: float, what: Any) -> None:
-        """``what()`` says what is waited for (called only when it is logged)."""
-        if not waiting:
-            self.since = None
-        elif self.since is None:
-            self.since, self.due = now, now + LOG_AFTER_S
-        elif now >= self.due:
-            self.due = now + LOG_EVERY_S
-            log.log(self.level, "%s (for %.0f s)", what(), now - self.since)
 
 
 def _who(local_rank: Optional[int], worker: Optional[int], local_world_size: int) -> str:
@@ -225,7 +197,11 @@ class Dealer(threading.Thread):
         self._wake_r.setblocking(False)
         wake_w.setblocking(False)
         self.reading = _Reading(self._blocks, wake_w)
-        self.nags = {"connect": Nag(), "stream": Nag(), "readers": Nag(logging.WARNING)}
+        # The waits that last are logged (streamio._util.WaitLog): for readers to connect, for
+        # the stream, for readers to take their blocks.
+        self.waits = {"connect": WaitLog(self._waits_connect, waiting=False),
+                      "stream": WaitLog(self._waits_stream, waiting=False),
+                      "readers": WaitLog(self._waits_readers, waiting=False)}
 
     # -- the stream ---------------------------------------------------------------------------
     def _blocks(self) -> Iterator[tuple]:
@@ -273,12 +249,7 @@ class Dealer(threading.Thread):
 
     # -- serving ------------------------------------------------------------------------------
     def run(self) -> None:
-        # Every client waits on this thread for each block while the process's own reader
-        # decodes holding the GIL; at Python's default switch interval (5 ms) each request
-        # could wait that long for it (measured: 2.6-6.7x slower for 2 DataLoader workers on
-        # one FIFO). The process keeps the shorter interval while it deals.
-        switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, DEALER_SWITCH_INTERVAL_S))
+        # (No shorter GIL switch interval while dealing: it no longer paid, docs/performance.md.)
         try:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - every client is told, then we stop
@@ -307,7 +278,6 @@ class Dealer(threading.Thread):
             self.selector.close()
             self._wake_r.close()
             self.window.clear()
-            sys.setswitchinterval(switch)
             if self.reading.ident is not None:
                 self.reading.join(timeout=1.0)  # (blocked in a read: it closes when that returns)
 
@@ -406,7 +376,7 @@ class Dealer(threading.Thread):
             if now >= looked + POLL_S / 4:  # (bounds of a second or more: no need to look
                 looked = now                   # at every block)
                 self._check(now, everyone, stalled_since)
-                self._nag(now, everyone, now - asked_at if asked else 0.0, stalled_since)
+                self._log_waits(now, everyone, now - asked_at if asked else 0.0, stalled_since)
                 self._keep_alive(now)
             # Up to `ahead` blocks framed ahead (asked in one go: one hand-over per few blocks),
             # or one more while a reader waits for a block beyond them.
@@ -473,29 +443,44 @@ class Dealer(threading.Thread):
                 f" process of the dealer's own reader, done, waits for them:"
                 f" {self._holding()}", source=self.stream_name)
 
-    def _nag(self, now: float, everyone: bool, reading_for: float,
-             stalled_since: Optional[float]) -> None:
-        """Log the waits that last (what the dealer waits for)."""
-        self.nags["connect"].tick(not everyone, now, lambda: (
-            f"the dealer of {self.stream_name} waits for readers to connect: {self._missing()}"))
-        self.nags["stream"].tick(reading_for > 0, now, lambda: (
-            f"the dealer of {self.stream_name} waits for its stream (no block yet; a FIFO's"
-            " writer that has not written, or a slow source)"))
-        # (a reader that takes a large block has bytes queued all along: not a wait until it
-        # has taken none for a second)
-        stuck = [c for c in self.clients if c.out and now - c.stuck_since > 1.0]
-        idle = self.host_ended.is_set() and self.window and now - self.progress > LOG_AFTER_S
-        self.nags["readers"].tick(bool(stuck) or stalled_since is not None or bool(idle), now,
-                                  lambda: self._slow_readers(stuck))
+    def _log_waits(self, now: float, everyone: bool, reading_for: float,
+                   stalled_since: Optional[float]) -> None:
+        """Say which waits go on (the logs of those that last: :attr:`waits`). A block asked
+        of the stream, or bytes queued for a reader, are a wait only after a second without
+        one: while blocks flow, some are asked and some queued all along."""
+        idle = self.host_ended.is_set() and self.window and now - self.progress > 1.0
+        for name, waiting in (("connect", not everyone), ("stream", reading_for > 1.0),
+                              ("readers", bool(self._stuck(now)) or stalled_since is not None
+                               or bool(idle))):
+            if waiting:
+                self.waits[name].tick(now)
+            else:
+                self.waits[name].end()
 
-    def _slow_readers(self, stuck: list) -> str:
+    def _stuck(self, now: float) -> list:
+        return [c for c in self.clients if c.out and now - c.stuck_since > 1.0]
+
+    def _waits_connect(self, waited: float) -> str:
+        return (f"the dealer of {self.stream_name} waits for readers to connect, for"
+                f" {waited:.0f} s so far: {self._missing()}; connect_timeout="
+                f"{self.connect_timeout:g} s ends it")
+
+    def _waits_stream(self, waited: float) -> str:
+        return (f"the dealer of {self.stream_name} waits for its stream (no block comes: a FIFO's"
+                f" writer that has not written, or a slow source), for {waited:.0f} s so far;"
+                " the source's open_timeout/read_timeout end it, if set (its readers wait as"
+                " long: they hear the dealer's keep-alives)")
+
+    def _waits_readers(self, waited: float) -> str:
+        stuck = self._stuck(time.monotonic())
         if stuck:
-            return "the dealer of {} waits for readers to take what it sent them: {}".format(
-                self.stream_name, ", ".join(
-                    f"{_who(c.local_rank, c.worker, self.local_world_size)} ({c.process()})"
-                    for c in stuck[:3]))
-        return (f"the dealer of {self.stream_name} holds blocks for readers that do not ask for"
-                f" them: {self._holding()}")
+            what = "waits for readers to take what it sent them: " + ", ".join(
+                f"{_who(c.local_rank, c.worker, self.local_world_size)} ({c.process()})"
+                for c in stuck[:3])
+        else:
+            what = f"holds blocks for readers that do not ask for them: {self._holding()}"
+        return (f"the dealer of {self.stream_name} {what}, for {waited:.0f} s so far;"
+                f" connect_timeout={self.connect_timeout:g} s without progress ends it")
 
     def _keep_alive(self, now: float) -> None:
         """Tell the readers that asked and still wait that the dealer is alive."""

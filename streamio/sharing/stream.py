@@ -1,134 +1,33 @@
-"""One stream shared by several readers: one process frames it, every reader decodes its share.
+"""One stream dealt to every reader of a host: the DataLoader workers of each local rank.
 
-A FIFO, a :class:`~streamio.PipeChannel` or stdin can be read by one process only. When
-``DataLoader(ds.to_torch(), num_workers=k)`` reads one, worker 0 starts a **dealer** thread that
-opens the stream, frames it (the usual :class:`~streamio.RecordReader` loop) and cuts the records
-into blocks of at most :data:`BLOCK_RECORDS` records and :data:`BLOCK_BYTES` bytes, by a rule that
-depends on the records only (:func:`streamio.pipeline.dealing.cut_blocks`). Every worker (worker
-0 too) is a **client**: it connects to the dealer over a Unix socket and asks for a block each
-time it needs one; block ``k`` of the epoch goes to reader ``k % readers`` (reader = local rank
-x ``num_workers`` + worker). Each worker runs the rest of the pipeline (shuffle, batch, decoder,
-``map``) on its blocks, so decoding runs on ``k`` cores while the stream is read once.
+A FIFO, a :class:`~streamio.PipeChannel` or stdin can be read by one process only. Where more
+readers than sources must share one, one reader deals: worker 0 of local rank 0 (its main
+process with ``num_workers=0``) runs a :class:`~streamio.sharing.dealer.Dealer` thread that
+frames the stream once, cuts it into blocks by a rule of the records alone
+(:func:`streamio.pipeline.dealing.cut_blocks`) and gives block ``k`` to reader ``k % readers``
+(reader = local rank x workers + worker; while an elastic resume replays, every block to every
+reader). Every reader, the dealer's own too, is a :class:`SharedStreamFeed`: it asks for a block
+when it is about to read one, and runs the rest of its pipeline on its share.
 
-Why a fixed rule: a restarted job whose stream carries the same bytes gives every reader the
-same records, so the order of batches is the same from run to run and a mid-epoch state resumes
-(exactly on the same layout; on another, from the list of every reader's state:
-:mod:`streamio.pipeline.elastic`, for which the dealer sends every block of that epoch to every
-reader). Shares are even (up to a block and a short last one).
+- **Every record once**: each record reaches one reader, with its origin, the same reader
+  whenever the stream carries the same bytes (a mid-epoch state resumes); shares differ by up to
+  a block and a short last one.
+- **An epoch ends, never hangs nor comes up short**: a reader that dies, leaves or breaks the
+  protocol holding records, stops taking its blocks or never connects; a dealer that dies, stops
+  or falls silent (it sends keep-alives to readers that wait); a stream that fails: every other
+  reader raises a :class:`~streamio.errors.SourceError` naming who (local rank, worker, pid,
+  uid) and what, within ``connect_timeout`` (also the stall bound). The dealer never blocks on a
+  reader, and holds at most :data:`~streamio.sharing.dealer.BUFFER_BYTES` for those that lag.
+  A wait that lasts is logged (:class:`streamio._util.WaitLog`). Not seen: a reader that dies
+  once every other reader has its whole share.
+- **Other local users** cannot read, inject or redirect a record: sockets live at names nobody
+  else can compute (HMACs keyed by the ``StreamDataset``'s token or the user's key, new for each
+  run: :func:`stream_address`, :func:`run_nonce`), both ends check ``SO_PEERCRED`` and refuse
+  another uid, and nothing received is unpickled (:mod:`._wire`). What they can do is end an
+  epoch with a ``SourceError`` naming them.
 
-Why it does not deadlock: a worker asks only when it is about to read (a block asked for ahead
-may not fit the socket's buffer, and sending it would wait on a worker the DataLoader is not
-asking), and the dealer never waits on a worker: it keeps the blocks of a reader that has not
-asked yet and goes on reading for the others, up to :data:`~streamio.sharing.dealer.BUFFER_BYTES`
-(1 GiB). A DataLoader asks its workers in turn and DDP's ranks step together, so readers take
-their blocks at the same pace and the dealer holds a few blocks each. A reader's END goes to it
-with its share's last block, asked or not (a worker waiting for the others' end would keep its
-DataLoader from asking them), and the dealer's own worker does not wait for the others: the
-dealer thread keeps its process until they have their shares (or until ``connect_timeout``
-seconds pass without one of them taking a block: they get a ``SourceError`` naming who held it
-up, and the process may exit). Readers that stop taking their
-blocks (not a DataLoader's, not in step) make the others wait at the bound, and after
-``connect_timeout`` seconds without progress every reader gets a ``SourceError`` naming them.
-
-Memory: the dealer holds the blocks read and not yet taken (above); each client has at most one
-block in flight; each worker's shuffle buffer holds its own share (a ``shuffle(n)`` costs ``n``
-records in *each* worker).
-
-Stats: worker 0's ``stats()`` counts what the dealer read (``bytes``, ``records_read``, ...);
-every worker counts the records and batches it delivered. A ``map(backend="process")`` cannot
-start processes inside a DataLoader worker (daemonic): use threads there, the workers are the
-processes.
-
-Failure: every side ends the epoch with an error, never a hang.
-
-- A worker that dies (its socket closes without saying goodbye): the dealer raises a
-  :class:`~streamio.errors.SourceError` naming the worker, sends it to every other worker, and
-  each raises it (so does the DataLoader, which also reports the dead worker itself).
-- Worker 0 (the dealer) dies or stops early: every other worker's socket closes, and each
-  raises a :class:`~streamio.errors.SourceError` saying the stream's reader stopped.
-- The stream is bad (a ``FormatError``) or fails (a ``SourceError``): every worker gets the
-  records before the fault, then raises the same error.
-- A worker that never connects (it failed to start): the dealer gives up after
-  ``connect_timeout`` seconds with an error to the others.
-- A side that stops without leaving (a frozen or SIGSTOPped process): ``connect_timeout`` is
-  also the stall bound. The dealer never blocks on a reader (non-blocking sends, one block at a
-  time per reader); a reader that takes no byte of what it asked for in that time ends the
-  epoch, and every other reader raises a ``SourceError`` naming it (its place, pid and uid).
-  A reader that waits hears a KEEPALIVE every few seconds while the dealer waits for its stream
-  or for other readers (the stream is read by a thread of its own, so the dealer never stops
-  answering); one that hears nothing for ``connect_timeout`` seconds raises a ``SourceError``
-  naming the dealer (pid and uid). Every wait longer than a few seconds is logged (logger
-  ``streamio``) with what it waits for, and again while it lasts.
-- A worker that dies after its whole share (and its END) went to every other reader is not seen
-  by them: their records were all delivered (a DataLoader reports the dead worker itself).
-
-Several ranks of one host (torchrun's local ranks; SageMaker gives each host one FIFO per
-channel) share one stream the same way: the dealer runs in **local rank 0**'s worker 0 (its main
-process with ``num_workers=0``) and serves ``LOCAL_WORLD_SIZE x max(1, num_workers)`` clients,
-each rank's workers included; every rank derives the dealer's address alike from the stream's
-real path, the epoch, the job and the run (:func:`run_nonce`: the process that launched the
-ranks, or ``$STREAMIO_RUN_ID``), keyed by the user's secret (:func:`stream_address`). Each
-client says who it is (local rank, worker, its rank's worker count, the local world size) when
-it connects; the dealer knows a rank's worker count from its first accepted client and waits
-for every worker of every local rank.
-
-- A rank (or one of its workers) that dies mid-epoch is a socket that closes without a goodbye:
-  every other client, in every rank, raises the dealer's ``SourceError`` naming it. If the dead
-  rank is local rank 0, the dealer dies with it and every other client's socket closes. A
-  DataLoader worker watches its rank's main process (:class:`_ParentWatch`), so a killed rank
-  is seen at once, not when torch's own watchdog notices. Not seen: a rank that dies after the
-  epoch's END reached it (the others finish normally, and torchrun ends the job); and a rank
-  that had not connected when local rank 0 died waits ``connect_timeout``, then says it could
-  not reach the dealer.
-- A rank that starts late is served: its blocks wait for it (the others wait at the dealer's
-  bound, if they get that far), and the epoch's END is held back until every expected client has
-  connected. One that never connects ends the epoch, after
-  ``connect_timeout`` seconds, with a ``SourceError`` on every connected side naming the local
-  ranks and workers that were missing.
-- The dealer pushes a reader's END as soon as its share is out (a tiny message, it never waits
-  on a full socket) instead of waiting for it to ask: a rank whose main process is blocked in a
-  collective (DDP's all-reduce, ``even_batches``) while its workers idle would otherwise never
-  ask. A rank that dies after the END of every other reader went out is not seen by them (their
-  shares are whole); one that dies while others still take blocks is.
-- Record-level shards of the dataset (a host's share of a replicated stream, ``shard(n, i)`` on
-  a stream) are applied by the dealer, which sends each record's origin with it.
-
-Shares differ between ranks by up to a block and a short last one, so under DDP keep
-``to_device(..., even_batches="drop" | "pad")`` (the default is ``"drop"``).
-
-Other local users (a training host is a shared machine; the data loader must not be a way in).
-What streamio promises: a process of another uid cannot read a record of the shared stream,
-inject one, run code in a rank or worker, or learn or take the name of a later epoch's socket;
-what it can do is make an epoch fail with a ``SourceError`` that names it (by squatting the
-private directory below, for example), never make it silently short. How:
-
-- **Nothing received is code.** Errors travel as plain data (class name, message, attributes,
-  rank/worker: JSON), and only streamio's own error classes are rebuilt from them; every header,
-  hello and block is checked against its limits before anything is allocated
-  (:mod:`._wire`, fuzzed by ``tests/fuzz`` target ``shared_wire``).
-- **Credentials on both ends** (``SO_PEERCRED``): the dealer closes a connection from another
-  uid at once (one ``RuntimeWarning`` per uid); a reader that finds a listener of another uid at
-  its address refuses it with a ``SourceError`` naming its pid and uid, and a dealer whose
-  address is held by another uid refuses to serve, saying so.
-- **Names nobody else can compute**: an HMAC of the stream, the epoch and the job, keyed by a
-  secret. One rank's workers use the ``StreamDataset``'s random token (in memory only, inherited
-  by its workers); local ranks, which share nothing else, use the user's key: 32 random bytes in
-  ``~/.cache/streamio/shared-stream.key``, or ``<tempdir>/streamio-<uid>/`` without a home of
-  the user's own (directory 0700, file 0600, made once with
-  ``mkstemp`` + ``link``; a directory or key another user could have made or read is refused).
-  The ``torch.distributed`` store is not used for it: it answers anyone who reaches its port.
-  See :mod:`._local_ipc`. Each run of a job has its own names (:func:`run_nonce`), so another
-  user who saw a run's name in ``/proc/net/unix`` cannot bind the next run's ahead of it.
-- **Protocol breakers are dropped.** A connection that sends garbage, a hello that does not fit
-  (unknown magic, a worker or rank out of range, a layout that disagrees with the readers
-  already connected, a place already taken) or that hangs up before its first block is dropped
-  (a hello that does not fit is told why) and its place stays free for the real reader; the
-  epoch goes on. One that leaves or breaks the protocol after it got records ends the epoch for
-  everyone with a ``SourceError`` naming it: its records cannot be delivered.
-- **An address in use** at bind time: held by another uid, refused at once (above); held by a
-  process of this user, waited for up to 10 s (a DataLoader worker of an earlier iteration of
-  the same epoch number, ``set_epoch()`` replays, still exiting), then a ``SourceError`` naming
-  its pid.
+Guide: docs/pipeline.md ("One FIFO feeding every core"); threats: docs/security.md; design:
+ARCHITECTURE.md; costs: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -141,6 +40,7 @@ import threading
 import time
 from typing import Any, Iterator, Optional, Sequence
 
+from .._util import WaitLog
 from ..errors import SourceError, UsageError
 from ..formats import DEFAULT_MAX_RECORD_SIZE
 from ..pipeline import origin_source
@@ -148,7 +48,7 @@ from ..sources import PipeChannel
 from ..sources.schemes import source_key
 from . import _wire as wire
 from ._local_ipc import peer_credentials, socket_name, stranger, user_key
-from .dealer import _RUN_HINT, BLOCK_BYTES, BLOCK_RECORDS, POLL_S, READ_AHEAD, Dealer, Nag
+from .dealer import _RUN_HINT, BLOCK_BYTES, BLOCK_RECORDS, POLL_S, READ_AHEAD, Dealer
 
 __all__ = ["BLOCK_BYTES", "BLOCK_RECORDS", "DEFAULT_CONNECT_TIMEOUT", "READ_AHEAD",
            "SharedStreamFeed", "dealer_address", "stream_address"]
@@ -263,13 +163,14 @@ class _Inbox:
         creds = peer_credentials(sock)
         self.dealer = dealer + (f", pid {creds[0]}, uid {creds[1]}" if creds else "")
         self.heard = time.monotonic()  # when a byte last came
-        self.nag = Nag()
+        self.waiting = WaitLog(self._describe_wait, waiting=False)  # for the block asked
         sock.settimeout(min(POLL_S * 5, timeout))
 
     def receive(self, max_payload: int) -> Optional[tuple]:
         """The next message but KEEPALIVEs, ``(kind, count, payload)``; None where the socket
         closed."""
         self.heard = time.monotonic()  # (the request just went out)
+        self.waiting.tick(self.heard)
         while True:
             header = self._exact(wire.HEADER.size)
             if header is None:
@@ -279,9 +180,9 @@ class _Inbox:
             except SourceError as exc:
                 raise SourceError(f"{self.dealer}, which reads the shared stream, sent {exc}")
             if kind == wire.KEEPALIVE:
-                self._note_wait(time.monotonic())
+                self.waiting.tick()
                 continue
-            self.nag.tick(False, 0.0, None)
+            self.waiting.end()
             payload = self._exact(size) if size else bytearray()
             return None if payload is None else (kind, count, payload)
 
@@ -312,12 +213,12 @@ class _Inbox:
                 f" nothing for {silent:.0f} s, not even the keep-alive it sends every few"
                 f" seconds (the stall bound: connect_timeout {self.timeout:g} s): it is frozen"
                 " or stopped (SIGSTOP, a cgroup freeze), or not a dealer")
-        self._note_wait(now)
+        self.waiting.tick(now)
 
-    def _note_wait(self, now: float) -> None:
-        self.nag.tick(True, now, lambda: (
-            f"a reader of the shared stream waits for its next block from {self.dealer}"
-            f" (heard from it {now - self.heard:.0f} s ago)"))
+    def _describe_wait(self, waited: float) -> str:
+        return (f"a reader of the shared stream waits for its next block from {self.dealer}, for"
+                f" {waited:.0f} s so far (last heard from it {time.monotonic() - self.heard:.0f}"
+                f" s ago); {self.timeout:g} s without a word from it (connect_timeout) ends it")
 
 
 def _connect(address: Any, timeout: float, dealer: str, hint: str = "") -> socket.socket:
@@ -390,7 +291,9 @@ class SharedStreamFeed:
     the same records whenever the stream carries the same bytes (:attr:`replayable`).
     Worker 0 of local rank 0 also runs the dealer. ``token`` names the dealer of a single rank's
     workers (drawn by the ``StreamDataset``, copied into its workers); ``address`` (from
-    :func:`stream_address`) replaces it when local ranks share the stream.
+    :func:`stream_address`) replaces it when local ranks share the stream. Stats: the dealer's
+    reader counts what the dealer read (``bytes``, ``records_read``, ...), every reader the
+    records and batches it delivered.
     """
 
     #: The stream deals by a fixed rule: a restarted job whose stream carries the same bytes

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import logging
-import math
-import time
-from typing import Callable, Optional
+from typing import Optional
 
+# How long a source waits before it says so (docs/sources-and-formats.md names them here): the
+# one policy of every wait, streamio._util.WaitLog.
+from .._util import WAIT_LOG_AFTER_S, WAIT_LOG_INTERVAL_S  # noqa: F401  (read-only here; set them in _util)
 from ..errors import UsageError, UsageTypeError
-
-#: A source that has kept a reader waiting this long says so (logger ``streamio``, WARNING), and
-#: again every ``WAIT_LOG_INTERVAL_S``: a FIFO no writer has opened, or a Pipe mode epoch that
-#: never comes, would otherwise wait in silence (forever, by default, for a FIFO).
-WAIT_LOG_AFTER_S = 5.0
-WAIT_LOG_INTERVAL_S = 30.0
 
 logger = logging.getLogger("streamio")
 
@@ -52,30 +47,3 @@ def check_timeout(name: str, value: Optional[float]) -> Optional[float]:
     if value <= 0:
         raise UsageError(f"{name} must be positive, not {value}")
     return float(value)
-
-
-class WaitLog:
-    """Logs a wait that has lasted ``WAIT_LOG_AFTER_S``, then every ``WAIT_LOG_INTERVAL_S``.
-
-    ``describe(waited_s)`` says what is waited for and what would end the wait. A waiting loop
-    sleeps until :attr:`due` at the latest (its own deadline may come first), then calls
-    :meth:`tick`.
-    """
-
-    def __init__(self, describe: Callable[[float], str]) -> None:
-        self.describe = describe
-        self.start = time.monotonic()
-        self.due = self.start + WAIT_LOG_AFTER_S
-
-    def tick(self) -> None:
-        now = time.monotonic()
-        if now >= self.due:
-            logger.warning("%s", self.describe(now - self.start))
-            self.due = now + WAIT_LOG_INTERVAL_S
-
-
-def timeout_words(option: str, timeout: Optional[float]) -> str:
-    """What ends a wait: ``"open_timeout=300 s ends it"``, or how to bound one that has none."""
-    if timeout is None or not math.isfinite(timeout):
-        return f"nothing ends it (no {option}): pass {option}= (--{option.replace('_', '-')})"
-    return f"{option}={timeout:g} s ends it"

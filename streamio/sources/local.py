@@ -10,9 +10,10 @@ import sys
 import time
 from typing import Optional
 
+from .._util import WaitLog, timeout_words
 from ..errors import SourceError
 from ..errors import UsageTypeError
-from .base import ByteSource, WaitLog, timeout_words
+from .base import ByteSource
 
 try:
     import fcntl

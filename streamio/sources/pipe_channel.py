@@ -13,9 +13,10 @@ import os
 import time
 from typing import Any, Optional
 
+from .._util import WaitLog, timeout_words
 from ..errors import SourceError
 from ..errors import UsageError
-from .base import WaitLog, check_timeout, timeout_words
+from .base import check_timeout
 from .local import FileSource
 
 #: How long to wait for the next epoch's FIFO to appear and its first bytes to arrive. SageMaker

@@ -120,3 +120,33 @@ def test_every_other_worker_learns_that_one_died(tmp_path):
                 assert "direct-1.fifo" in end["message"], end
             else:
                 assert "(worker 0) stopped" in end["message"], end
+
+
+def test_dealing_leaves_the_processs_switch_interval_alone(tmp_path):
+    """The dealer changes no process-wide setting of the process it runs in (a worker's, or a
+    rank's main process): a shorter GIL switch interval no longer made dealing faster
+    (docs/performance.md), and the process's code may rely on its own."""
+    import threading
+
+    path = str(tmp_path / "d.tfrecord")
+    streamio.write_records(path, "tfrecord", (b"%d" % i for i in range(N)))
+    ds = Dataset(path, "tfrecord")
+    before = sys.getswitchinterval()
+    seen: set = set()
+    got: dict = {}
+
+    def read(worker: int) -> None:
+        feed = SharedStreamFeed(ds, token="s" * 16, epoch=0, worker=worker, num_workers=2,
+                                connect_timeout=30.0)
+        got[worker] = []
+        for record in ds._with_feed(feed):
+            seen.add(sys.getswitchinterval())
+            got[worker].append(int(record))
+
+    threads = [threading.Thread(target=read, args=(w,), daemon=True) for w in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(got[0] + got[1]) == list(range(N))
+    assert seen == {before}

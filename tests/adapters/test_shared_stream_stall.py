@@ -6,6 +6,7 @@ next run's). Real processes (tests/scripts/shared_stall.py), small timeouts."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import time
 import pytest
 
 import streamio
-from streamio import Dataset
+from streamio import Dataset, _util
 from streamio.sharing.stream import SharedStreamFeed, dealer_address, stream_address
 
 from hang_guard import bounded
@@ -123,51 +124,93 @@ def test_a_stopped_dealer_ends_every_readers_epoch_with_its_name(tmp_path):
     assert seconds < TIMEOUT + 8, seconds
 
 
-def test_a_dealer_waiting_for_its_stream_keeps_its_readers(tmp_path, caplog):
-    """A stream that is slow (a FIFO whose writer waits 2 x the stall bound before writing) is
-    no stall: the dealer, whose stream is read by a thread of its own, accepts every reader and
-    its keep-alives hold them; the wait is logged, and every record comes."""
-    import logging
-
+def _two_readers_of_a_fifo(tmp_path, write, n: int) -> tuple:
+    """Two workers' feeds share a FIFO whose bytes ``write(fifo, data)`` sends; ``({worker:
+    records' numbers}, {worker: error})``."""
     fifo = str(tmp_path / "slow.fifo")
     os.mkfifo(fifo)
-    data = write_data(str(tmp_path / "d.tfrecord"), 300)
-    token = "k" * 16
+    data = write_data(str(tmp_path / "d.tfrecord"), n)
     ds = Dataset(fifo, "tfrecord")
     got: dict = {0: [], 1: []}
     errors: dict = {}
 
     def read(worker: int) -> None:
-        feed = SharedStreamFeed(ds, token=token, epoch=0, worker=worker, num_workers=2,
+        feed = SharedStreamFeed(ds, token="k" * 16, epoch=0, worker=worker, num_workers=2,
                                 connect_timeout=TIMEOUT)
         try:
             got[worker] = [int(r.split()[0]) for r in ds._with_feed(feed)]
-        except Exception as exc:  # noqa: BLE001 - checked below
+        except Exception as exc:  # noqa: BLE001 - checked by the caller
             errors[worker] = exc
-
-    def write() -> None:
-        time.sleep(2 * TIMEOUT + 1)
-        with open(fifo, "wb") as out, open(data, "rb") as src:
-            out.write(src.read())
 
     def scenario() -> None:
         threads = [threading.Thread(target=read, args=(w,), daemon=True) for w in (0, 1)]
-        threads.append(threading.Thread(target=write, daemon=True))
+        threads.append(threading.Thread(target=write, args=(fifo, data), daemon=True))
         for t in threads:
             t.start()
         for t in threads:
             t.join()
 
+    bounded(scenario, 60)
+    return got, errors
+
+
+def _streamio_warnings(caplog) -> list:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "streamio" and r.levelno >= logging.WARNING]
+
+
+def test_a_dealer_waiting_for_its_stream_keeps_its_readers(tmp_path, caplog, monkeypatch):
+    """A stream that is slow (a FIFO whose writer waits 2 x the stall bound before writing) is
+    no stall: the dealer, whose stream is read by a thread of its own, accepts every reader and
+    its keep-alives hold them; the waits are logged as every wait of streamio is (a WARNING on
+    logger ``streamio``: what it waits for, how long, what ends it), and every record comes."""
+    monkeypatch.setattr(_util, "WAIT_LOG_AFTER_S", 1.0)
+
+    def write(fifo: str, data: str) -> None:
+        time.sleep(2 * TIMEOUT + 1)
+        with open(fifo, "wb") as out, open(data, "rb") as src:
+            out.write(src.read())
+
     with caplog.at_level(logging.INFO, logger="streamio"):
-        bounded(scenario, 60)
+        got, errors = _two_readers_of_a_fifo(tmp_path, write, 300)
     # (Before, the dealer could not even accept worker 1 while it waited for the stream, and
     # ended the epoch after connect_timeout: "not every reader connected".)
     assert errors == {}, errors
     assert sorted(got[0] + got[1]) == list(range(300))
-    logged = [r.getMessage() for r in caplog.records]
-    assert any("the dealer of" in m and "waits for its stream" in m for m in logged), logged
-    assert any("a reader of the shared stream waits for its next block" in m
-               for m in logged), logged
+    logged = _streamio_warnings(caplog)
+    dealer = [m for m in logged if "the dealer of" in m and "waits for its stream" in m]
+    assert dealer and " s so far" in dealer[0], logged
+    reader = [m for m in logged if "a reader of the shared stream waits for its next block" in m]
+    assert reader and f"{TIMEOUT:g} s without a word from it (connect_timeout) ends it" \
+        in reader[0], logged
+
+
+def test_a_stream_whose_blocks_keep_coming_is_no_wait(tmp_path, caplog, monkeypatch):
+    """A FIFO whose writer sends a block's records every 0.25 s, slower than the readers take
+    them, for 4 s: the dealer has a block asked of its stream all along, but the stream is not
+    stuck, and nothing says it is (before, that was logged as a wait for the stream)."""
+    monkeypatch.setattr(_util, "WAIT_LOG_AFTER_S", 0.5)
+    monkeypatch.setattr(_util, "WAIT_LOG_INTERVAL_S", 0.5)
+    from streamio.sharing import dealer as dealer_module
+    monkeypatch.setattr(dealer_module, "LOG_AFTER_S", 0.5, raising=False)  # (the code before)
+    monkeypatch.setattr(dealer_module, "LOG_EVERY_S", 0.5, raising=False)
+    n = 64 * 16
+
+    def write(fifo: str, data: str) -> None:
+        with open(data, "rb") as src:
+            frames = src.read()
+        step = len(frames) // 16  # (the records are alike: 64 of them a step)
+        with open(fifo, "wb", buffering=0) as out:
+            for k in range(16):
+                out.write(frames[k * step:(k + 1) * step if k < 15 else None])
+                time.sleep(0.25)
+
+    with caplog.at_level(logging.INFO, logger="streamio"):
+        got, errors = _two_readers_of_a_fifo(tmp_path, write, n)
+    assert errors == {}, errors
+    assert sorted(got[0] + got[1]) == list(range(n))
+    waits = [r.getMessage() for r in caplog.records if "waits for its stream" in r.getMessage()]
+    assert waits == [], waits
 
 
 # -- names of two runs -----------------------------------------------------------------------

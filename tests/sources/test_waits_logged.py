@@ -1,7 +1,8 @@
 """A wait of more than a few seconds on a source says what it waits for (logger ``streamio``):
 a FIFO no writer has opened (``Dataset``, ``streamio count``), stdin with nothing written, a
 ``PipeChannel`` epoch whose FIFO never appears. Each logs after ``WAIT_LOG_AFTER_S`` (shortened
-here) and again every ``WAIT_LOG_INTERVAL_S``, naming the path, how long, and what would end it.
+here) and again every ``WAIT_LOG_INTERVAL_S`` (``streamio._util.WaitLog``, the one policy of
+every wait), naming the path, how long, and what would end it.
 
 Real ``os.mkfifo`` pipes; writers are other processes (tests/scripts/fifo_writer.py).
 """
@@ -21,7 +22,7 @@ import streamio
 from streamio.errors import SourceError
 from streamio.formats import encode_tfrecord
 from streamio.sources import PipeChannel
-from streamio.sources import base as source_base
+from streamio import _util
 from hang_guard import bounded
 
 RECORDS = [b"r%03d" % i for i in range(50)]
@@ -31,8 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture
 def quick_log(monkeypatch, caplog):
-    monkeypatch.setattr(source_base, "WAIT_LOG_AFTER_S", 0.3, raising=False)
-    monkeypatch.setattr(source_base, "WAIT_LOG_INTERVAL_S", 0.4, raising=False)
+    monkeypatch.setattr(_util, "WAIT_LOG_AFTER_S", 0.3)
+    monkeypatch.setattr(_util, "WAIT_LOG_INTERVAL_S", 0.4)
     caplog.set_level(logging.WARNING, logger="streamio")
     return caplog
 
@@ -95,7 +96,7 @@ def test_a_pipe_channel_logs_the_epoch_it_waits_for(quick_log, tmp_path):
 
 
 def test_streamio_count_on_a_fifo_with_no_writer_says_what_it_waits_for(lonely_fifo):
-    code = ("import sys; from streamio.sources import base; base.WAIT_LOG_AFTER_S = 0.3;"
+    code = ("import sys; from streamio import _util; _util.WAIT_LOG_AFTER_S = 0.3;"
             " from streamio.cli import main; sys.exit(main(sys.argv[1:]))")
     done = subprocess.run([sys.executable, "-c", code, "count", "--format", "tfrecord",
                            "--open-timeout", "2", lonely_fifo], capture_output=True, text=True,
@@ -109,7 +110,7 @@ def test_streamio_count_on_a_fifo_with_no_writer_says_what_it_waits_for(lonely_f
 
 
 def test_stdin_with_nothing_written_logs_too():
-    code = ("import sys; from streamio.sources import base; base.WAIT_LOG_AFTER_S = 0.3;"
+    code = ("import sys; from streamio import _util; _util.WAIT_LOG_AFTER_S = 0.3;"
             " from streamio.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", code, "count", "--format", "tfrecord", "-"],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -128,3 +129,27 @@ def test_stdin_with_nothing_written_logs_too():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_every_wait_logs_alike_and_a_new_wait_starts_the_count_again(caplog):
+    """One policy for every wait (streamio._util.WaitLog): silent for WAIT_LOG_AFTER_S, then a
+    WARNING and another every WAIT_LOG_INTERVAL_S; a wait that ends and comes back (a reader's
+    next block) is a new wait, not logged until it too has lasted WAIT_LOG_AFTER_S."""
+    caplog.set_level(logging.DEBUG, logger="streamio")
+    after, every = _util.WAIT_LOG_AFTER_S, _util.WAIT_LOG_INTERVAL_S
+    wait = _util.WaitLog(lambda waited: f"waits for the thing, for {waited:.0f} s so far",
+                         waiting=False)
+    for now in (100.0, 100.0 + after - 0.1):
+        wait.tick(now)
+    assert _messages(caplog) == []
+    for now in (100.0 + after, 100.0 + after + every - 0.1, 100.0 + after + every):
+        wait.tick(now)
+    assert _messages(caplog) == [f"waits for the thing, for {after:.0f} s so far",
+                                 f"waits for the thing, for {after + every:.0f} s so far"]
+    assert {r.levelno for r in caplog.records} == {logging.WARNING}
+    wait.end()
+    wait.tick(500.0)
+    wait.tick(500.0 + after - 0.1)
+    assert len(_messages(caplog)) == 2
+    wait.tick(500.0 + after)
+    assert _messages(caplog)[-1] == f"waits for the thing, for {after:.0f} s so far"
