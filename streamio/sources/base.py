@@ -7,7 +7,7 @@ from typing import Optional
 
 # How long a source waits before it says so (docs/sources-and-formats.md names them here): the
 # one policy of every wait, streamio._util.WaitLog.
-from .._util import WAIT_LOG_AFTER_S, WAIT_LOG_INTERVAL_S  # noqa: F401  (read-only here; set them in _util)
+from .._util import WAIT_LOG_AFTER_S, WAIT_LOG_INTERVAL_S  # noqa: F401 (set in _util)
 from ..errors import UsageError, UsageTypeError
 
 logger = logging.getLogger("streamio")
