@@ -1,48 +1,29 @@
-"""The exceptions streamio raises.
-
-Every exception streamio raises on purpose derives from :class:`StreamioError`::
+"""The exceptions streamio raises: every one raised on purpose derives from StreamioError::
 
     StreamioError
      +-- FormatError            the bytes are wrong (attributes: source, offset, record_index)
      |    +-- CorruptRecordError     a checksum, magic number or part sequence does not check out
      |    +-- TruncatedStreamError   the stream ends inside a record (or an open CSV quote)
      |    +-- RecordTooLargeError    a length field exceeds ``max_record_size`` (nothing allocated)
-     |    +-- SplitError             a byte-range split falls where no reader can tell record
-     |    |                          starts from payload bytes (attributes: split_offset,
-     |    |                          next_start); raised whatever ``on_error`` says
+     |    +-- SplitError             a byte-range split cannot be made (split_offset, next_start)
      |    +-- DecodeError            a well-framed record does not decode (attribute: field)
-     +-- SourceError            reading the bytes failed (I/O, HTTP status, timeouts); ``__cause__``
-     |                          holds the original exception where there is one
-     +-- MapError               a ``map``/``filter`` function raised (attributes: source,
-     |                          record_index, item_index; ``__cause__`` is the original)
-     +-- UsageError             a bad argument value, or the API used in a way that cannot work
-     |    |                     (re-reading a consumed stream, for example); also a ``ValueError``
-     |    +-- ConfigError            a SageMaker input configuration is missing or malformed
-     |                               (attributes: path, key; ``streamio.sagemaker``)
-     +-- UsageTypeError         an argument of the wrong type, an unknown keyword, or an
-     |                          operation a stream does not support (``len()``); also a
-     |                          ``TypeError`` (not a ``ValueError``, so ``except ValueError``
-     |                          code sees type mistakes exactly as before)
-     +-- MissingDependencyError an optional dependency is not installed; the message says which
+     +-- SourceError            reading failed (I/O, HTTP status, timeouts); ``__cause__`` is why
+     +-- MapError               a ``map``/``filter`` function raised (item_index; ``__cause__``)
+     +-- UsageError             a bad argument value or impossible use; also a ``ValueError``
+     |    +-- ConfigError            a SageMaker input configuration is wrong (path, key)
+     +-- UsageTypeError         a wrong type, unknown keyword or unsupported operation; also a
+     |                          ``TypeError`` (not a ``ValueError``)
+     +-- MissingDependencyError an optional dependency is missing; the message says which
      |                          ``pip install`` fixes it (also an ``ImportError``)
-     +-- PackError              a file could not be packed, or the pack cannot go on (attribute:
-                                path; ``streamio.tools.pack``)
+     +-- PackError              a file could not be packed (path; ``streamio.tools.pack``)
 
-Usage mistakes are both streamio errors and the built-in exceptions they used to be, so
-``except ValueError`` / ``except TypeError`` code keeps working and ``except StreamioError``
-catches every mistake streamio reports.
-
+Usage mistakes are also the built-in exceptions they used to be, so ``except ValueError`` /
+``except TypeError`` code keeps working and ``except StreamioError`` catches them all.
 ``offset`` is the byte offset in the *decompressed* stream where the faulty record starts (or
-where the fault was detected, when no record start is known); ``record_index`` is the 0-based
-index of the faulty record among all records of that source, delivered or skipped. Either may be
-``None`` where the layer that raised cannot know it (a decoder sees records, not bytes).
-
-Every class accepts its message as ``message=`` too, and ``error.message`` is ``str(error)``:
-PyTorch's DataLoader re-raises a worker's exception as ``type(message=...)`` when the type has a
-``message`` attribute, and otherwise from a local variable, which makes a reference cycle
-(exception -> traceback -> frame -> exception) that keeps the failed epoch's DataLoader iterator
-alive until the garbage collector runs, possibly inside the next epoch's forked workers, where its
-``__del__`` fails with "AssertionError: can only test a child process".
+where the fault was found, if no record start is known); ``record_index`` is the record's 0-based
+index among all records of its source, delivered or skipped; either is ``None`` where the layer
+that raised cannot know it (a decoder sees records, not bytes). Every class takes its message as
+``message=`` too, and ``error.message`` is ``str(error)`` (why: :class:`_Message`).
 """
 
 from __future__ import annotations
@@ -70,8 +51,15 @@ __all__ = [
 
 class _Message:
     """``error.message``: the error's text. A non-data descriptor, so it is truthy on the class
-    (what the DataLoader looks for, see the module docstring) and a subclass may still assign
-    ``self.message``."""
+    and a subclass may still assign ``self.message``.
+
+    PyTorch's DataLoader re-raises a worker's exception as ``type(message=...)`` when the type
+    has a ``message`` attribute, and otherwise from a local variable, which makes a reference
+    cycle (exception -> traceback -> frame -> exception) that keeps the failed epoch's
+    DataLoader iterator alive until the garbage collector runs, possibly inside the next epoch's
+    forked workers, where its ``__del__`` fails with "AssertionError: can only test a child
+    process".
+    """
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
         return self if obj is None else str(obj)
@@ -244,7 +232,8 @@ class UsageError(StreamioError, ValueError):
 
 class UsageTypeError(StreamioError, TypeError):
     """An argument of the wrong type, an unknown keyword argument, or an operation a stream does
-    not support (``len(dataset)``). Also a ``TypeError``."""
+    not support (``len(dataset)``). Also a ``TypeError``, not a ``ValueError``, so ``except
+    ValueError`` code sees type mistakes exactly as before."""
 
 
 class MissingDependencyError(StreamioError, ImportError):

@@ -14,21 +14,16 @@ with the mix placing records its inputs' readers made, the way before it made th
 order: ``streamio.pipeline.mix.SPANS = False``; what that change is worth, in the same run).
 
 Each pipeline runs in a fresh process of its own, as a training job runs one of them: a process
-that ran the other pipeline first would start from the heap that one left (the C allocator
-returns memory to the system, or keeps it, by thresholds that earlier allocations move, and the
-page faults of memory taken back from the system are a tenth of an epoch here). A round starts
+that ran another pipeline first would start from the heap that one left (the C allocator keeps
+memory or returns it to the system by thresholds that earlier allocations move). A round starts
 an ``alone`` and a ``mixed`` process side by side; each runs one epoch to warm up, then they
 take ``--epochs`` epochs by turns (one runs while the other waits; who goes first alternates),
 so each pair of epochs is timed within a fraction of a second and a machine whose speed drifts
-(a shared VM: 1.5x over minutes here) slows both alike. The report gives the median epoch times,
-the median of the per-pair ratios mixed / alone over every pair of every round (the target: at
-most 1.10) with its quartiles (the spread of single pairs) and two 95% confidence intervals of
-the median itself (whether the median is under the target: on a noisy machine a few rounds
-cannot say): one from the pairs, and one from the rounds' medians (``ci95_rounds``; the pairs
-of a round share their two processes, whose heaps and pages differ from round to round, so
-their ratios are not independent, and whole runs of the same code differed by more than the
-pairs' interval: judge a target by this one); in wall-clock time and in the process's CPU time
-(which other jobs on the machine disturb less), and the minor page faults per epoch.
+slows both alike. The report (:func:`_summary`) gives the median epoch times, the median of the
+per-pair ratios mixed / alone (the target: at most 1.10) with its quartiles and two 95%
+confidence intervals of that median, in wall-clock and in CPU time (which other jobs on the
+machine disturb less), and the minor page faults per epoch. Figures: docs/mixing.md, and
+docs/performance.md for the history.
 """
 
 from __future__ import annotations
@@ -214,7 +209,12 @@ def _measure(case: str, a: str, b: str, rounds: int, epochs: int) -> dict:
 
 def _summary(runs: dict, first_of_round: list) -> dict:
     """The figures of :func:`_measure` from its epochs (``runs``: each kind's epochs, pair by
-    pair; ``first_of_round``: where each round's pairs start)."""
+    pair; ``first_of_round``: where each round's pairs start).
+
+    The quartiles are the spread of single pairs; the two 95% intervals of the median ratio say
+    whether it is under the target (on a noisy machine a few rounds cannot say): one from the
+    pairs (``*_interval``), one from the rounds' medians (``*_round_interval``, "ci95_rounds" in
+    the report). Judge a target by the rounds' one (see the comment below)."""
     out: dict = {}
     for clock in ("wall", "cpu", "faults"):
         out[clock] = tuple(statistics.median(run[clock] for run in runs[kind]) for kind in runs)

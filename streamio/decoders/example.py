@@ -13,17 +13,14 @@ Wire format (tensorflow/core/example/example.proto, feature.proto; proto3)::
     Int64List { repeated int64 value = 1 [packed]; }
 
 Decoding is split in two so that the per-record part stays small and replaceable:
-
-* :func:`parse_examples` / :func:`parse_sequence_examples` are the *reference* wire parsers:
-  pure functions from a batch of records to flat value arrays plus a ``counts`` matrix. They are
-  the only per-record Python code, and a C version can replace them with the same signature.
-* :class:`Example` / :class:`SequenceExample` turn those flat arrays into ``FixedLen`` and
-  ``VarLen`` columns with whole-batch numpy operations (reshape, defaults, padding).
-
-The parts live in rooms of their own, re-exported here (this module is their public face):
-``_example_spec`` (``FixedLen``, ``VarLen``, kinds, dtypes and defaults), ``_example_parse`` (the
-reference parsers), ``_example_fast`` (``parse_examples_fast``, the vectorised path used where the C
-kernel of streamio/_c/pb_example.c is not built); the decoders and ``encode_example`` are here.
+:func:`parse_examples` / :func:`parse_sequence_examples`, the *reference* wire parsers, are pure
+functions from a batch of records to flat value arrays plus a ``counts`` matrix, the only
+per-record Python code (the C kernel, streamio/_c/pb_example.c, has the same signature);
+:class:`Example` / :class:`SequenceExample` turn those into ``FixedLen`` and ``VarLen`` columns
+with whole-batch numpy operations (reshape, defaults, padding). The decoders and
+``encode_example`` are here; this module is also the public face of ``_example_spec``
+(``FixedLen``, ``VarLen``, kinds, dtypes, defaults), ``_example_parse`` (the reference parsers)
+and ``_example_fast`` (``parse_examples_fast``, the vectorised path where C is not built).
 
 Protobuf semantics kept (so that results equal ``tf.io.parse_example`` and any protobuf parser):
 the last map entry for a key wins; a message field that occurs twice is merged (parsed as the

@@ -2,13 +2,7 @@
 
 * :class:`Image` decodes one bytes feature per record (``Example({"image/encoded": Image(size=224),
   ...})``) or, used as a decoder itself, records that *are* encoded images.
-* :class:`ImageRecord` decodes MXNet image RecordIO (``im2rec``) payloads. Layout (MXNet
-  ``recordio.pack``; ``struct`` format ``IfQQ``, little-endian on every platform MXNet ships)::
-
-      u32 flag | f32 label | u64 id | u64 id2 | flag x f32 labels (when flag > 0) | image bytes
-
-  With ``flag == 0`` the label is the header's ``label``; with ``flag > 0`` it is the ``flag``
-  floats that follow the header (the header's ``label`` is then unused, 0 by convention).
+* :class:`ImageRecord` decodes MXNet image RecordIO (``im2rec``) payloads (layout there).
 * :class:`RandomResizedCrop`: the usual training crop + horizontal flip, reproducible.
 
 Decoding: JPEG goes to `simplejpeg <https://pypi.org/project/simplejpeg/>`_ (libjpeg-turbo; the
@@ -18,7 +12,7 @@ and JPEGs simplejpeg cannot convert (CMYK), go to Pillow, whose incremental ``Im
 takes bytes, not a file. Resizing and cropping are one Pillow ``resize`` over the crop's source
 box (one resampling pass over only the pixels that are kept); for simplejpeg's arrays that is
 streamio's C kernel (``streamio/decoders/_resample.py``), which gives Pillow's bytes exactly.
-Both libraries come with ``pip install 'streamio[image]'``.
+Both libraries come with ``pip install 'streamio[image]'``; more in docs/images.md.
 
 Shapes: with a fixed output size (``size=224``; ``resize=256, crop=224``; ``resize=(h, w)``;
 a :class:`RandomResizedCrop`) a batch is one ``(B, H, W, C)`` uint8 array (``(B, C, H, W)`` with
@@ -548,7 +542,13 @@ class Image:
 
 class ImageRecord:
     """Decode MXNet image RecordIO (``im2rec``) records: ``Dataset(path, "recordio",
-    decoder=ImageRecord(size=224))``.
+    decoder=ImageRecord(size=224))``. Payload layout (MXNet ``recordio.pack``; ``struct`` format
+    ``IfQQ``, little-endian on every platform MXNet ships)::
+
+        u32 flag | f32 label | u64 id | u64 id2 | flag x f32 labels (when flag > 0) | image bytes
+
+    With ``flag == 0`` the label is the header's ``label``; with ``flag > 0`` it is the ``flag``
+    floats that follow the header (the header's ``label`` is then unused, 0 by convention).
 
     A batch is ``{"image": images, "label": float32, "id": int64}``. ``label`` is ``(B,)`` (the
     header's label; records must have ``flag == 0``) unless ``label_width=k``, which gives

@@ -1,44 +1,30 @@
 """SageMaker channels as Datasets: one training script for File, FastFile and Pipe mode.
 
-::
-
-    from streamio import sagemaker
-    ds = sagemaker.channel("train")            # whatever the channel's input mode
-    for batch in ds.shuffle(10_000, seed=0).batch(256):
-        ...
-
-:func:`channel` reads the container's input configuration (:mod:`.config`) and builds the
-:class:`~streamio.Dataset` the channel's settings call for:
+``sagemaker.channel("train")`` reads the container's input configuration (:mod:`.config`) and
+builds the :class:`~streamio.Dataset` the channel's settings call for (docs/sagemaker.md):
 
 * ``TrainingInputMode``: ``Pipe`` reads the FIFOs ``<name>_<epoch>`` (one per epoch, each
-  ``iter()`` the next); ``File`` and ``FastFile`` read the files under ``<root>/input/data/<name>/``
+  ``iter()`` the next); ``File``/``FastFile`` the files under ``<root>/input/data/<name>/``
   (recursively, sorted, hidden files skipped; index files beside shards are left to the
-  byte-range planner, not read as records). The same records come out either way. The channel's
-  folder may itself be a link (it is opened as named); a symbolic link *below* it is refused
-  with a UsageError naming it (SageMaker downloads objects, never links, so one there was
-  put there by someone else) unless ``follow_links=True``: then links are followed, each file
-  and directory visited once, so a link loop ends.
+  byte-range planner, not read as records; a symbolic link below the folder is refused unless
+  ``follow_links=True``: see :func:`_walk_files`). The same records come out either way.
 * ``ContentType`` picks the format and the decoder (:data:`CONTENT_TYPES`); explicit ``format=``
-  and ``decoder=`` arguments win.
-* ``CompressionType: Gzip``: gzip is recognised by its magic bytes (SageMaker documents that it
-  inflates such channels on the way into processing containers; for training jobs it does not
-  say, so both are read). File-mode files are inferred by name (``.gz``).
-* ``RecordWrapperType: RecordIO`` (Pipe mode): each object arrives wrapped in one RecordIO record;
-  it is unwrapped as it streams and the inner format framed (:mod:`.wrapping`). Image content
-  types keep one record per object.
-* Augmented manifests (``AttributeNames``, Pipe mode with RecordIO wrapping): each JSON line's
-  attributes arrive as consecutive records; they are regrouped into one record per line, and
-  :class:`AugmentedManifest` decodes a batch into a dict keyed by attribute name (with
-  ``decoder=None``, each item is its line's ``{attribute: bytes}``).
-* ``S3DistributionType``: ``FullyReplicated`` means every host receives all of the data, so the
-  Dataset keeps this host's share (``shard(num_hosts, host_index)``); ``ShardedByS3Key`` means the
-  host already holds only its share. Either way ``to_torch()`` then splits the host's share over
-  the host's local ranks (torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``) and DataLoader workers,
-  so every record is read once per epoch across the job.
-* ``ShuffleConfig`` is SageMaker's: it reorders the objects (and, with ShardedByS3Key, moves them
-  between hosts) at the start of each Pipe-mode epoch. It composes with ``Dataset.shuffle()``,
-  which mixes records inside a bounded buffer: use SageMaker's for coarse order across objects and
-  ours for the order of records (seeded from ``(seed, epoch, rank, worker)``).
+  and ``decoder=`` win. ``CompressionType: Gzip`` is recognised by the gzip magic bytes (File
+  mode: by the name, ``.gz``).
+* ``RecordWrapperType: RecordIO`` (Pipe mode): each object is unwrapped as it streams and the
+  inner format framed (:mod:`.wrapping`); image content types keep one record per object.
+* Augmented manifests (``AttributeNames``, Pipe mode, RecordIO wrapping): each JSON line's
+  attributes arrive as consecutive records, regrouped into one record per line and decoded by
+  :class:`AugmentedManifest` into a dict keyed by attribute name (``decoder=None``: each item is
+  its line's ``{attribute: bytes}``).
+* ``S3DistributionType``: ``FullyReplicated`` (every host gets all) keeps this host's share
+  (``shard(num_hosts, host_index)``); ``ShardedByS3Key`` keeps all the host holds. Then
+  ``to_torch()`` splits it over the host's local ranks (:class:`ChannelDataset`) and DataLoader
+  workers, so every record is read once per epoch across the job.
+* ``ShuffleConfig`` is SageMaker's: it reorders whole objects (and, with ShardedByS3Key, moves
+  them between hosts) each Pipe-mode epoch; ``Dataset.shuffle()`` mixes records inside a bounded
+  buffer (seeded from ``(seed, epoch, rank, worker)``). They compose: SageMaker's for the coarse
+  order across objects, ours for the order of records.
 """
 
 from __future__ import annotations
@@ -199,7 +185,8 @@ class AugmentedManifest:
 # -- the channel as a Dataset -------------------------------------------------------------
 class ChannelDataset(Dataset):
     """The Dataset of a SageMaker channel; ``to_torch()`` splits over the host's local ranks
-    (the host's share was taken by :func:`channel`)."""
+    (torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``, see :func:`_local_rank`; the host's share
+    was taken by :func:`channel`)."""
 
     _sm_hosts: int = 1
 
@@ -232,12 +219,13 @@ def _local_rank(num_hosts: int) -> Optional[tuple]:
 
 
 def _walk_files(root: str, follow_links: bool = False) -> list:
-    """The files under ``root`` (opened as named), hidden names skipped, in the order of their
-    path components. A link below ``root`` is refused (a UsageError naming it) unless
-    ``follow_links``: then each file and directory is listed once (by device and inode: a link
-    back up the tree, ``x -> .``, is not walked again; a dangling link is listed, so that opening
-    it says what is wrong), and time and memory grow with the distinct files and directories,
-    whatever the links."""
+    """The files under ``root`` (opened as named, so the channel's folder may itself be a link),
+    hidden names skipped, in the order of their path components. A link below ``root`` is
+    refused (a UsageError naming it: SageMaker downloads objects, never links, so one there was
+    put there by someone else) unless ``follow_links``: then each file and directory is listed
+    once (by device and inode: a link back up the tree, ``x -> .``, is not walked again, so a
+    link loop ends; a dangling link is listed, so that opening it says what is wrong), and time
+    and memory grow with the distinct files and directories, whatever the links."""
     hint = "pass channel(..., follow_links=True) to read what links point at"
     try:
         with LocalTree(root, follow_links=follow_links, hint=hint, once=True) as tree:
@@ -335,7 +323,10 @@ def channel(name: str, decoder: Any = _NOT_GIVEN, *, format: Optional[str] = Non
             else:
                 source = PipeChannel(prefix, **timeouts)
         if config.compression == "Gzip":
-            options.setdefault("compression", "infer")  # sniffed: gzip magic or plain bytes
+            # Sniffed: gzip magic or plain bytes. SageMaker documents that it inflates such
+            # channels on the way into processing containers; for training jobs it does not
+            # say, so both are read.
+            options.setdefault("compression", "infer")
     else:
         if attributes:
             raise ConfigError(f"channel {name!r}: augmented manifests are read in Pipe mode"

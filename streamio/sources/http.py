@@ -7,29 +7,18 @@ while a fast stream still moves in large reads.
 **Deadlines.** Every connection attempt must connect and deliver its response headers within
 ``open_timeout``. After that a connection is dropped and resumed when it is *silent* for
 ``read_timeout`` seconds, or *too slow*: fewer than ``low_speed_limit`` bytes/s averaged over the
-last ``low_speed_time`` seconds (curl's ``--speed-limit``/``--speed-time``). Both count as a
-failed attempt.
-
-**Retry budget.** ``max_retries`` failed attempts in a row end in a :class:`SourceError`. A
-connection that made *real progress* before it failed starts a new row: it delivered at least
-``PROGRESS_RESET_BYTES`` (32 KiB) of new data, at an average of at least ``low_speed_limit``
-bytes/s over the time it spent waiting for the server (its final silence included). So a server
-that drops every 50 KB of an object still delivers all of it, while one that sends 10 bytes per
-connection and drops, or trickles, or goes silent, cannot keep us reconnecting: with the defaults
-a silent or trickling server ends in a SourceError after about (max_retries + 1) *
-low_speed_time plus the backoff (~190 s). A server whose every connection does bring its 32 KiB
-at the speed limit is slow, not stuck: ``max_total_retries`` caps all resumes of one transfer,
-however much each delivered. Backoff
-doubles from ``backoff`` up to ``MAX_BACKOFF``. A host name that does not resolve is a
-SourceError at once: a DNS answer does not change in the seconds a retry waits.
+last ``low_speed_time`` seconds (curl's ``--speed-limit``/``--speed-time``; :class:`LowSpeedMeter`).
+Both count as a failed attempt: ``max_retries`` in a row end in a :class:`SourceError`; one that
+made real progress first starts a new row (:meth:`HttpSource._made_progress`);
+``max_total_retries`` caps all resumes of one transfer, however much each delivered. A host name
+that does not resolve is a SourceError at once: its DNS answer will not change in a retry's wait.
 
 **Never splice two versions.** A resumed transfer must continue the *same* object:
 
-- with a strong ``ETag`` (or, failing that, ``Last-Modified``) we resume with
-  ``Range: bytes=<received>-`` and ``If-Range: <validator>``; a 206 must carry the right
-  ``Content-Range`` (and the same ETag). A server that answers 200 instead gives the whole object:
-  with the same strong ETag we skip the bytes already delivered; otherwise we check them against
-  the running checksum (below), and a different ETag is an error at once;
+- with a strong ``ETag`` (or, failing that, ``Last-Modified``) we resume with ``Range:
+  bytes=<received>-`` and ``If-Range: <validator>``; a 206 must carry the right ``Content-Range``
+  (and the same ETag); a 200 instead is the whole object again: with the same strong ETag the
+  delivered bytes are skipped, otherwise checked as below; a different ETag is an error at once;
 - without a strong ETag we keep a running CRC-32 of every delivered byte; a resume without a
   validator re-reads the object from byte 0 (no ``Range``: an unverifiable 206 is worthless),
   checks the re-read prefix against that checksum, and only then goes on. A mismatch (or a
@@ -135,7 +124,12 @@ class LowSpeedMeter:
 
 
 class HttpSource(ByteSource):
-    """Streams an ``http://`` or ``https://`` URL, resuming dropped connections (see module doc)."""
+    """Streams an ``http://`` or ``https://`` URL, resuming dropped connections (see module doc).
+
+    Backoff between failed attempts doubles from ``backoff`` up to ``MAX_BACKOFF``. With the
+    defaults a silent or trickling server ends in a SourceError after about (max_retries + 1) *
+    low_speed_time plus the backoff (~190 s).
+    """
 
     def __init__(self, url: str, *, open_timeout: Optional[float] = None,
                  read_timeout: Optional[float] = None,
@@ -374,7 +368,13 @@ class HttpSource(ByteSource):
         self._skip_crc = None if self._etag else 0
 
     def _made_progress(self) -> bool:
-        """Whether the connection that just failed made real progress (see the module doc)."""
+        """Whether the connection that just failed made real progress, which starts a new row of
+        ``max_retries``: it delivered at least ``PROGRESS_RESET_BYTES`` of new data, at an average
+        of at least ``low_speed_limit`` bytes/s over the time it spent waiting for the server
+        (its final silence included). So a server that drops every 50 KB of an object still
+        delivers all of it, while one that sends 10 bytes per connection and drops, or trickles,
+        or goes silent, cannot keep us reconnecting. One whose every connection does bring its
+        32 KiB at the speed limit is slow, not stuck: ``max_total_retries`` ends it."""
         if self._fresh < PROGRESS_RESET_BYTES:
             return False
         return self._low_speed_limit is None or self._fresh >= self._low_speed_limit * self._waited
