@@ -94,7 +94,9 @@ class _Shared:
         self.item_bytes = 1  # the most bytes per item seen (auto only)
         self.blocks: collections.deque = collections.deque()
         self.items = 0
-        lock = threading.Lock()
+        # Re-entrant: the producer allocates under it, and a garbage collection there may run
+        # the finalizer of its own Prefetcher (dropped inside a cycle), whose close() takes it.
+        lock = threading.RLock()
         self.ready = threading.Condition(lock)  # the consumer waits here for the producer
         self.room = threading.Condition(lock)  # the producer waits here for room or its turn
         self.busy = False  # a thread is running the upstream

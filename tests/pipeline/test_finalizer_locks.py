@@ -46,3 +46,27 @@ def test_a_collection_under_a_lock_finalizes_an_abandoned_epoch(files, lock):
                           env=script_env())
     err = proc.stderr.decode(errors="replace")
     assert proc.returncode == 0 and proc.stdout.strip() == b"collected", err[-3000:]
+
+
+def test_a_collection_in_the_prefetch_thread_finalizes_its_dropped_prefetcher():
+    """The producer thread holds its queue's lock while it allocates (a queued block's tuple); a
+    collection there may finalize its own Prefetcher, dropped inside a cycle, whose ``close()``
+    takes that lock. Here the main thread plays the producer: it holds the lock and collects."""
+    code = """
+import faulthandler, gc
+faulthandler.dump_traceback_later(20, exit=True)
+from streamio.pipeline import Prefetcher
+gc.disable()
+pre = Prefetcher(iter([([i], None) for i in range(10)]), 2)
+shared = pre._shared  # what the producer thread's frame holds: not the Prefetcher
+cycle = [pre]
+cycle.append(cycle)
+del pre, cycle
+with shared.ready:
+    gc.collect()
+print('collected')
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120,
+                          env=script_env())
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 0 and proc.stdout.strip() == b"collected", err[-3000:]
