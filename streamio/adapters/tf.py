@@ -36,9 +36,7 @@ from one ``tf.numpy_function`` per block under a ``scan`` (whose state is the it
 not from ``from_generator``, whose ``flat_map`` and per-element checks cost more per block and
 per epoch (see ``_EpochSource.block_dataset``); ``prefetch(BLOCK_PREFETCH)`` then lets the Python
 side make the next block while TensorFlow consumes this one. Other outputs go one batch per
-``from_generator`` call. (Not used: a compiled tf.data op, which TensorFlow's unstable C++ ABI
-would tie to one TensorFlow version per build; and DLPack, since handing over eager tensors by
-DLPack in a ``py_function`` measured no faster than numpy arrays.)
+``from_generator`` call (what else was tried: docs/performance.md).
 
 One iteration at a time on the block path: a new iteration (the next epoch) closes the epoch a
 ``break`` or a shorter Keras epoch left open (its sources and threads; TensorFlow does not tell a
