@@ -22,8 +22,9 @@ leaving the thresholds where a reader's freed buffer left them. Without it, a mi
 of 16 KiB records had its heap trimmed and faulted back (about 3,000 page faults an epoch,
 against none with it; 2026-11-27). Other allocators ignore it.
 
-Lending and giving back take a lock (once per reader, not per read); a forked child starts with
-an empty pool and a new lock.
+Lending and giving back take a lock (once per reader, not per read; re-entrant, for a reader
+that the garbage collector closes under it); a forked child starts with an empty pool and a new
+lock.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ POOL_BYTES = 16 * 1024 * 1024
 #: Buffers larger than this are freed, not kept (a user's very large ``read_size``).
 KEEP_MAX = 8 * 1024 * 1024
 
-_lock = threading.Lock()
+# Re-entrant: a garbage collection that runs at an allocation under it may close a dropped
+# reader, which gives its buffer back from the same thread (a plain Lock: a silent hang).
+_lock = threading.RLock()
 _free: dict = {}  # size -> [bytearray, ...]
 _kept = 0  # bytes in _free
 _sizes_seen: set = set()  # sizes a block of which was made and freed (see the docstring)
@@ -113,7 +116,7 @@ def clear() -> None:
 
 def _after_fork_in_child() -> None:
     global _lock, _free, _kept
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     _free = {}
     _kept = 0
 

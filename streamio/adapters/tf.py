@@ -36,17 +36,16 @@ from one ``tf.numpy_function`` per block under a ``scan`` (whose state is the it
 not from ``from_generator``, whose ``flat_map`` and per-element checks cost more per block and
 per epoch (see ``_EpochSource.block_dataset``); ``prefetch(BLOCK_PREFETCH)`` then lets the Python
 side make the next block while TensorFlow consumes this one. Other outputs go one batch per
-``from_generator`` call. (Not used: a compiled tf.data op, which TensorFlow's unstable C++ ABI
-would tie to one TensorFlow version per build; and DLPack, since handing over eager tensors by
-DLPack in a ``py_function`` measured no faster than numpy arrays.)
+``from_generator`` call (what else was tried: docs/performance.md).
 
 One iteration at a time on the block path: a new iteration (the next epoch) closes the epoch a
 ``break`` or a shorter Keras epoch left open (its sources and threads; TensorFlow does not tell a
 ``numpy_function`` that an iterator was dropped), and an older iterator still being read then
 fails with a :class:`~streamio.errors.UsageError` rather than share an epoch. Call ``to_tf()``
-once per concurrent reader. No wait here is unbounded: a block call that finds another still
-reading its iteration waits ``BLOCK_CALL_WAIT_S`` at most, then fails saying so; a wait on a
-source is the source's (bounded by its timeouts, and logged while it lasts).
+once per concurrent reader. No wait here is unbounded or silent: a block call that finds another
+still reading its iteration waits ``BLOCK_CALL_WAIT_S`` at most, then fails saying so; a wait on
+a source is the source's (bounded by its timeouts, and logged while it lasts); a wait for a
+``prefetch()`` thread's block is logged while it lasts, and fails if that thread is gone.
 
 Errors raised while reading reach the user as TensorFlow errors (``numpy_function`` and
 ``from_generator`` wrap them) whose message carries streamio's message.

@@ -1,89 +1,35 @@
-"""PyTorch adapter: a streamio ``Dataset`` as a ``torch.utils.data.IterableDataset``, and
-:func:`to_device`, which overlaps host-to-device copies with compute.
+"""PyTorch adapter: a streamio ``Dataset`` as a ``torch.utils.data.IterableDataset``
+(:class:`StreamDataset`, made by ``Dataset.to_torch()``), and :func:`to_device`, which overlaps
+host-to-device copies with compute. The guide: docs/pytorch.md and docs/multihost.md.
 
-How the work is split (every record once per epoch)
---------------------------------------------------
-Inside ``__iter__`` each reader (a DataLoader worker, or the main process with ``num_workers=0``)
-learns who it is: ``worker``/``num_workers`` from ``torch.utils.data.get_worker_info()`` and
-``rank``/``world_size`` from ``torch.distributed`` when it is initialised, else from the
-``RANK``/``WORLD_SIZE`` variables that ``torchrun`` sets (or from ``to_torch(rank=...,
-world_size=...)``, which wins). It then reads
-``dataset.with_context(epoch=..., rank=..., worker=...).shard(world_size * num_workers,
-rank * num_workers + worker)``:
+Contract:
 
-* at least as many sources as readers: each reader takes whole sources (no byte is read twice);
-* fewer sources: records are dealt round-robin, so every reader reads (and frames) *all* the
-  bytes of every source and keeps its share. That is correct but costs ``readers`` times the I/O
-  and framing: give each reader its own file where you can. It is only possible for sources
-  that can be read more than once at the same time (regular files, URLs, bytes);
-* a single stream (a FIFO, a :class:`~streamio.PipeChannel`, stdin, a file object) cannot be
-  read by two processes - they would steal each other's bytes. With one rank and
-  ``num_workers=k``, worker 0 reads it and deals blocks of records to all ``k`` workers (each
-  record to exactly one), which decode and transform in parallel: see
-  :mod:`streamio.sharing.stream` (each worker shuffles its own share; a dead worker ends
-  the epoch with an error on every side). stdin, a file object or an open ByteSource belongs to
-  the main process: its worker reads the main process's (once; a later epoch that would read it
-  again is a ``UsageError``, see :mod:`._torch_bound`). The local ranks of a host share it too (torchrun
-  on an 8-GPU host, one FIFO per host and channel in SageMaker): local rank 0's worker 0 (its
-  main process with ``num_workers=0``) deals to ``LOCAL_WORLD_SIZE x max(1, num_workers)``
-  readers. The local rank and local world size come from ``to_torch(local_rank=...,
-  local_world_size=...)``, else torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (when they fit
-  the rank and world size), else one host holds every rank. With several hosts
-  (``world_size > local_world_size``) each host reads its own stream, and
-  ``to_torch(node_streams=...)`` must say what they hold: ``"replicated"`` (every host's FIFO has
-  the same records, SageMaker ``FullyReplicated``: host ``rank // local_world_size`` keeps every
-  ``nodes``-th record) or ``"sharded"`` (each host's FIFO has its own records,
-  ``ShardedByS3Key``: it keeps them all). There is no default because a wrong guess silently
-  loses or repeats data; a multi-host run over single streams without it raises
-  :class:`~streamio.errors.UsageError`. (``sagemaker.channel()`` takes the host's share itself and
-  passes the local rank as the rank: it needs none of this.)
-
-Epochs
-------
-Each ``iter()`` is an epoch. DataLoader workers get a fresh copy of the dataset object every
-epoch (``persistent_workers=False``), so the epoch counter lives in a small shared-memory array
-that the copies share: every reader's ``iter()`` advances it, and readers of the same epoch agree
-on its number. ``set_epoch(e)`` (as with ``DistributedSampler``) says "the next epoch is ``e``";
-later ones follow ``e + 1``, ``e + 2``... Shuffle seeds derive from (seed, epoch, rank, worker).
-A :class:`~streamio.PipeChannel` source reads ``<prefix>_<start + epoch>``, so worker copies
-made each epoch still read the right FIFO.
-
-Stats
------
-``Dataset.stats()`` (and ``StreamDataset.stats()``) describe the latest epoch, wherever it was
-read: a DataLoader worker writes its epoch's counters into a small shared-memory table (one row
-per worker, at most every :data:`STATS_INTERVAL_S` and when its share ends), and the main process
-sums the rows of the latest epoch (see ``merge_snapshots``).
-
-From workers to the main process
----------------------------------
-A DataLoader worker's batch (a dict) crosses to the main process pickled. Its fixed-dtype
-tensors are copied once into a slot of the worker's ring of shared memory (allocated once per
-worker) and only a descriptor crosses the pipe; the main process gets a plain dict of writable
-tensors over the slot, which returns to the worker when they are released
-(:mod:`._torch_slots`). A batch that finds no free slot goes as one buffer inside the pickle up
-to :data:`PIPE_BATCH_BYTES`, torch's shared memory (a segment per tensor) above. Nothing changes
-for the user: ``collate_fn`` in the worker still sees a dict of tensors, and
-``pin_memory=True`` pins in the main process as before.
-
-Uneven shares under DDP
------------------------
-Ranks rarely hold the same number of batches, and a rank that stops early leaves the others
-waiting forever in DDP's gradient all-reduce. Collectives can only run in the main process, so the
-policy is applied there: :func:`to_device` (or :func:`even_batches` when you do not use it) does
-one tiny all-reduce of a "have a batch" flag per step. ``"drop"`` (the default) ends the epoch on
-every rank when the first rank runs out (the surplus batches of the other ranks are not used this
-epoch); ``"pad"`` keeps going until the last rank runs out, and ranks that ran out repeat their
-last batch (every record is used at least once; some twice); ``None`` does nothing. Ranks that
-share one stream get every ``readers``-th block of 64 records (the same split in every run), so
-their shares differ by at most one block and a short last one; the same policies apply
-(``"drop"`` leaves that surplus unused in that epoch: use ``"pad"`` where every record must be
-seen).
+* **Every record once per epoch** over all readers (DataLoader workers x ranks). Each ``iter()``
+  finds its reader (``get_worker_info()``; ``rank``/``world_size`` from ``to_torch()``, else
+  ``torch.distributed``, else torchrun's ``RANK``/``WORLD_SIZE``) and reads
+  ``dataset.with_context(...).shard(readers, rank * num_workers + worker)``: whole sources when
+  there are enough, records dealt round-robin otherwise (each reader reads every byte).
+* **A single stream** (FIFO, PipeChannel, stdin, file object) is read by one process: a host's
+  readers (local ranks x workers) share it through one dealer (:mod:`streamio.sharing.stream`);
+  several hosts must say what their streams hold (``node_streams``), else ``UsageError``: a
+  guess would silently lose or repeat data. Sources bound to the main process: :mod:`._torch_bound`.
+* **Epochs**: each ``iter()`` is one; the counter lives in shared memory so that the fresh worker
+  copies of each epoch agree on its number; ``set_epoch(e)`` makes the next one ``e``. Seeds
+  derive from (seed, epoch, rank, worker); a PipeChannel reads ``<prefix>_<start + epoch>``.
+* **Stats**: workers publish their epoch's counters to a shared table (every
+  :data:`STATS_INTERVAL_S` and at their end); ``stats()`` in the main process sums the latest
+  epoch's rows.
+* **Transport**: a worker's batch crosses to the main process through its ring of shared-memory
+  slots (:mod:`._torch_slots`), else pickled (:mod:`._torch_transport`); the user sees dicts of
+  tensors either way.
+* **Uneven shares under DDP**: :func:`to_device` / :func:`even_batches` (``"drop"``, ``"pad"``
+  or None) keep ranks in step with one tiny all-reduce per step, in the main process
+  (:mod:`._torch_device`).
+* **Resume**: ``state_dict``/``load_state_dict``, same layout or elastic (:mod:`._torch_resume`).
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import multiprocessing.context
 import os
@@ -100,11 +46,12 @@ from ..sharing import DEFAULT_CONNECT_TIMEOUT, SharedStreamFeed, stream_address
 from ..sources import PipeChannel
 from . import check_splittable, is_single_stream, source_groups
 from ._torch_bound import BoundSources
-from ._torch_usage import UsageChecks
 from ._torch_device import (DEFAULT_DEPTH, DEFAULT_EVEN_BATCHES, DevicePrefetcher, even_batches,
                             to_device)
+from ._torch_resume import ResumableReader
 from ._torch_slots import for_transport as _for_transport
 from ._torch_transport import convert_batch
+from ._torch_usage import UsageChecks
 
 torch = require("torch", "torch")
 
@@ -278,7 +225,7 @@ class _WorkerStats:
 _EPOCH_START_SPREAD_S = 60.0
 
 
-class StreamDataset(torch.utils.data.IterableDataset):
+class StreamDataset(ResumableReader, torch.utils.data.IterableDataset):
     """A streamio ``Dataset`` as a PyTorch ``IterableDataset``; made by ``Dataset.to_torch()``.
 
     Yields what the Dataset yields, with numpy arrays as tensors (see :func:`convert_batch`): for
@@ -295,7 +242,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
         super().__init__()
         for name in ("with_context", "shard", "sources"):
             if not hasattr(dataset, name):
-                raise UsageTypeError(f"to_torch needs a streamio Dataset, not {type(dataset).__name__}")
+                raise UsageTypeError(
+                    f"to_torch needs a streamio Dataset, not {type(dataset).__name__}")
         _check_rank_pair("rank", rank, "world_size", world_size)
         _check_rank_pair("local_rank", local_rank, "local_world_size", local_world_size)
         if node_streams not in _NODE_STREAMS:
@@ -473,162 +421,13 @@ class StreamDataset(torch.utils.data.IterableDataset):
                                     connect_timeout=self.connect_timeout)
         return ds.with_feed(feed)
 
-    # -- resume: torchdata StatefulDataLoader / torch.distributed.checkpoint Stateful -----------
-    def state_dict(self) -> dict:
-        """Where this process's reading stands, as a small JSON-serialisable dict.
-
-        With ``DataLoader(num_workers=0)`` this is the epoch the loop is in; in a DataLoader
-        worker it is that worker's share, which is what torchdata's ``StatefulDataLoader``
-        collects from each worker (call ``loader.state_dict()`` there, not this).
-
-        ``{"streamio_torch": 1, "resume": TEXT}``, TEXT a JSON object: ``epoch`` and
-        ``iterator`` (``Dataset.iter_from``'s state, or None when this reader has begun its epoch
-        but delivered nothing: its worker mates may have, and it must rejoin that epoch; before
-        any ``iter()`` the epoch is None too, which restores nothing). One string, so that the
-        structure never changes: ``torch.distributed.checkpoint`` loads into the structure the
-        receiving object's ``state_dict()`` has."""
-        it = self._iterator
-        inner = {"epoch": self._started_epoch,
-                 "iterator": None if it is None else it.state_dict(),
-                 "place": self._place}
-        return {"streamio_torch": 1, "resume": json.dumps(inner, sort_keys=True)}
-
-    def load_state_dict(self, state: Any) -> None:
-        """Make the next ``iter()`` finish the epoch ``state`` was taken in, exactly (see
-        ``Dataset.iter_from``); the epochs after it count on from there.
-
-        ``state`` may also be a **list** of the interrupted run's states gathered from every
-        rank: each a ``StreamDataset.state_dict()`` or a whole torchdata
-        ``StatefulDataLoader.state_dict()`` (its workers' states are taken from it). On the same
-        layout (ranks x workers) each reader resumes from its own; on another, each reader gets
-        its share of what the old readers had not delivered (elastic resume:
-        :mod:`streamio.pipeline.elastic`). Call it before the DataLoader is made, on the
-        dataset it is given, and do not load the old loader's state into the new loader."""
-        if isinstance(state, (list, tuple)):
-            self._load_states(list(state))
-            return
-        if isinstance(state, dict) and "streamio_torch" not in state and (
-                "_snapshot" in state or "dataset_state" in state):
-            self._load_states([state])  # a whole StatefulDataLoader state: its workers' states
-            return
-        epoch, inner, place = _unpack(state, with_place=True)
-        _check_reader(place)
-        self._set_pending(epoch, inner)
-
-    def _set_pending(self, epoch: Any, inner: Any) -> None:
-        if epoch is None:
-            self._pending = None
-            return
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise UsageError(f"resume state: epoch must be an int >= 0, not {epoch!r}")
-        if inner is not None and not hasattr(self.dataset, "iter_from"):
-            raise UsageError("this Dataset cannot resume (it has no iter_from)")
-        if inner is not None:
-            from ..pipeline.resume import check_fields
-
-            try:
-                for one in ([r[1] for r in inner.readers if r[1] is not None]
-                            if isinstance(inner, _Gathered) else [inner]):
-                    check_fields(one)  # the rest is checked against each reader's plan
-            except UsageTypeError:
-                raise UsageError("not a StreamDataset state: its 'iterator' is not a resume"
-                                 " state") from None
-        self._pending = (epoch, None if inner is None else inner)
-        if isinstance(inner, _Gathered):
-            # Loaded in the main process for every DataLoader worker (forked or spawned with
-            # this object): the resumed epoch's readers count as that epoch's, and a reader that
-            # takes a later epoch (the next epoch's workers, made from the same object) leaves
-            # the states alone.
-            self._epoch.set(epoch)
-        else:
-            self._epoch.resumed(epoch)
-        for i, start in self._channel_starts.items():
-            # The next FIFO this channel opens carries the resumed epoch.
-            self._epoch.channel_shift = epoch - (self.dataset.sources[i].epoch - start)
-
-    def _load_states(self, states: list) -> None:
-        """The list form of :meth:`load_state_dict`: every old reader's place and iterator
-        state, kept for ``__iter__`` to sort out against the new layout."""
-        readers = []
-        for k, state in enumerate(states):
-            for inner_state in _dataset_states(state, k):
-                readers.append(_unpack(inner_state, with_place=True))
-        epochs = sorted({epoch for epoch, _, _ in readers if epoch is not None})
-        if not epochs:
-            self._set_pending(None, None)  # no reader had started: nothing to restore
-            return
-        if len(epochs) > 1:
-            raise UsageError(f"resume states: the readers' states are from different epochs"
-                             f" {epochs[:4]}: give the states of one checkpoint")
-        for _, inner, place in readers:
-            if inner is not None and place is None:
-                raise UsageError("resume states: a reader's state has no 'place' (taken by a"
-                                 " streamio before elastic resume): load it into its own reader")
-        self._set_pending(epochs[0], _Gathered(readers))
-
-    def _elastic_state(self, gathered: "_Gathered", epoch: int, rank: int, world_size: int,
-                       worker: int, num_workers: int) -> Any:
-        """This reader's resume from every old reader's state: its own on the same layout,
-        else the list of all old readers' Dataset states (a reader that had delivered nothing
-        gets a state of its plan at 0), for ``Dataset.iter_from``. The list must hold every
-        old reader once: one missing or repeated would repeat or lose its deliveries."""
-        known = {}
-        for _, inner, place in gathered.readers:
-            if place is None:
-                continue  # a reader that had not started (no place, nothing delivered)
-            key = (place[0], place[2])
-            if key in known:
-                raise UsageError(f"resume states: rank {place[0]} worker {place[2]} appears twice"
-                                 " in the list: give each old rank's state once")
-            known[key] = (place, inner)
-        if not any(inner is not None for _, inner in known.values()):
-            return None  # no reader had delivered anything: the epoch from its start
-        layouts = {(p[1], p[3]) for p, _ in known.values()}
-        if len(layouts) != 1:
-            raise UsageError(f"resume states: readers from different layouts (world_size,"
-                             f" num_workers) {sorted(layouts)[:4]}: give one checkpoint's states")
-        old_world, old_workers = layouts.pop()
-        if len(gathered.readers) != old_world * old_workers:
-            missing = sorted({(r, w) for r in range(old_world) for w in range(old_workers)}
-                             - set(known))
-            raise UsageError(
-                f"resume states: the list holds {len(gathered.readers)} readers' states, the"
-                f" interrupted run had {old_world} rank(s) x {old_workers} worker(s): give"
-                f" every old rank's state once (missing: rank, worker {missing[:4]})")
-        if (old_world, old_workers) == (world_size, num_workers):
-            own = known.get((rank, worker))
-            return None if own is None else own[1]
-        from ..pipeline.resume import make_state, with_seeds
-
-        template = next(inner for _, inner in known.values() if inner is not None)
-        # A shared stream's old readers sat on hosts of stream[0] / workers local ranks each.
-        local_world = template["stream"][0] // old_workers if "stream" in template else None
-        out = []
-        for r in range(old_world):
-            for w in range(old_workers):
-                found = known.get((r, w), (None, None))[1]
-                if found is None:  # that reader had delivered nothing: all of its share is left
-                    old = self.plan(epoch=epoch, rank=r, world_size=old_world, worker=w,
-                                    num_workers=old_workers,
-                                    local_rank=None if local_world is None else r % local_world,
-                                    local_world_size=local_world)
-                    found = make_state(with_seeds(old, template["seeds"]), epoch, 0, False)
-                out.append(found)
-        return out
-
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         self._checks.check_collation(self.dataset)
         worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
         explicit = None if self.rank is None else (self.rank, self.world_size)
         rank, world_size = _distributed(explicit, self._parent_group)
-        pending, self._pending = self._pending, None
-        if pending is not None and isinstance(pending[1], _Gathered):
-            epoch = self._epoch.take(num_workers)
-            if epoch != pending[0]:
-                pending = None
-        else:
-            epoch = pending[0] if pending is not None else self._epoch.take(num_workers)
+        epoch, pending = self._take_epoch(num_workers)
         self._started_epoch = epoch
         if info is not None:
             self._checks.check_worker_epoch(self.dataset, epoch, self._ran_here)
@@ -643,13 +442,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
             readers = world_size * num_workers
             shared = readers > 1 and _must_share(tuple(self.dataset.sources), readers)
             reads = self._bound.adopt(ds, shared, worker)
-        resume = None if pending is None else pending[1]
-        if isinstance(resume, _Gathered):
-            resume = self._elastic_state(resume, epoch, rank, world_size, worker, num_workers)
-        if resume is not None:
-            # Checked against this reader's plan (its shard, worker and rank) now, in __iter__,
-            # so a state from another worker layout fails here rather than resuming wrongly.
-            ds.load_state_dict(resume)
+        self._resume(ds, pending, epoch, rank, world_size, worker, num_workers)
         # Pinned memory does not survive the trip from a worker to the main process (tensors go
         # through shared memory); there DataLoader(pin_memory=True) does the pinning.
         pin = self.pin_memory and info is None and torch.cuda.is_available()
@@ -701,75 +494,6 @@ class StreamDataset(torch.utils.data.IterableDataset):
         return f"StreamDataset({self.dataset!r}, next epoch {self.epoch})"
 
 
-class _Gathered:
-    """Every old reader's ``(epoch, iterator state or None, place or None)``, from a list
-    given to :meth:`StreamDataset.load_state_dict`."""
-
-    __slots__ = ("readers",)
-
-    def __init__(self, readers: list) -> None:
-        self.readers = readers
-
-
-def _unpack(state: Any, with_place: bool = False) -> tuple:
-    """``(epoch, iterator state or None)`` of a ``StreamDataset.state_dict()``, checked (and
-    its reader's place, ``[rank, world_size, worker, num_workers]`` or None, ``with_place``)."""
-    if not isinstance(state, dict) or state.get("streamio_torch") != 1:
-        raise UsageError("not a StreamDataset state (from StreamDataset.state_dict())")
-    try:
-        outer = json.loads(state["resume"])
-        inner = outer["iterator"]
-        epoch = outer["epoch"]
-        place = outer.get("place")
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UsageError(f"not a StreamDataset state: {exc!r}") from None
-    if isinstance(inner, dict):
-        place = inner.get("place", place)
-    if place is not None and not (isinstance(place, list) and len(place) == 4 and all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in place)
-            and place[0] < place[1] and place[2] < place[3]):
-        raise UsageError(f"not a StreamDataset state: its place is {place!r:.80}")
-    return (epoch, inner, place) if with_place else (epoch, inner)
-
-
-def _check_reader(place: Any) -> None:
-    """One reader's state (``place``: ``[rank, world_size, worker, num_workers]``) loaded alone
-    is its share of the epoch: refused now, not inside a worker at iteration, where it cannot
-    be this process's (the main process, for a DataLoader with workers: every worker would get
-    it) or this worker's (another number of workers)."""
-    if place is None:
-        return
-    _, _, worker, workers = place
-    info = torch.utils.data.get_worker_info()
-    hint = ("pass the list of every rank's state (each rank's loader.state_dict()) to"
-            " to_torch(...).load_state_dict([...]) before making the loader: it resumes on any"
-            " number of ranks and workers")
-    if info is None and workers > 1:
-        raise UsageError(f"resume state of DataLoader worker {worker} of {workers} alone: it is"
-                         f" that worker's share of the epoch; {hint}")
-    if info is not None and (info.id, info.num_workers) != (worker, workers):
-        raise UsageError(f"resume state of DataLoader worker {worker} of {workers} loaded into"
-                         f" worker {info.id} of {info.num_workers}: a loader resumes its own"
-                         f" state only with as many workers; {hint}")
-
-
-def _dataset_states(state: Any, k: int) -> list:
-    """The StreamDataset states in one element of a gathered list: itself, or a torchdata
-    ``StatefulDataLoader.state_dict()``'s (``dataset_state`` with ``num_workers=0``, each
-    worker's under ``_snapshot``/``_worker_snapshots`` otherwise)."""
-    if isinstance(state, dict) and state.get("streamio_torch") == 1:
-        return [state]
-    if isinstance(state, dict) and isinstance(state.get("dataset_state"), dict):
-        return [state["dataset_state"]]
-    workers = state.get("_snapshot", {}).get("_worker_snapshots") if isinstance(state, dict) \
-        else None
-    if isinstance(workers, dict) and workers:
-        found = [w.get("dataset_state") if isinstance(w, dict) else None
-                 for w in workers.values()]
-        if all(isinstance(f, dict) for f in found):
-            return found
-    raise UsageError(f"resume states[{k}]: neither a StreamDataset state nor a torchdata"
-                     " StatefulDataLoader state holding them")
 
 
 def _must_share(sources: tuple, readers: int) -> bool:

@@ -19,15 +19,23 @@ one for handing over a block. So the two threads hand work over as rarely as the
 - **The queue can size itself** (``n=None``): from :data:`AUTO_START` items it doubles each time
   the consumer had to wait for the producer, up to :data:`AUTO_MAX_ITEMS` items and
   :data:`AUTO_MAX_BYTES` bytes.
+
+No wait is silent: a consumer waiting for the producer's block logs (logger ``streamio``) after
+``WAIT_LOG_AFTER_S`` and fails if the producer thread is gone (a forked child); a ``close()``
+that leaves the thread running after :data:`CLOSE_JOIN_S` says so.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from typing import Any, Callable, Iterator, Optional
 
 from ..errors import UsageError
+from .._util import WaitLog
+
+logger = logging.getLogger("streamio")
 
 __all__ = ["AUTO_MAX_BYTES", "AUTO_MAX_ITEMS", "AUTO_START", "CLOSE_JOIN_S", "IDLE_POLL_MAX_S",
            "IDLE_POLL_S", "PUT_POLL_S", "Prefetcher"]
@@ -57,6 +65,9 @@ AUTO_MAX_ITEMS = 256
 AUTO_MAX_BYTES = 64 << 20
 
 _END = object()
+_GONE = ("prefetch: the prefetch thread is gone while it was making a block (the process was"
+         " forked while it ran, and threads do not survive a fork): the block will never come;"
+         " iterate the Dataset anew in this process")
 
 
 class _Failure:
@@ -83,7 +94,9 @@ class _Shared:
         self.item_bytes = 1  # the most bytes per item seen (auto only)
         self.blocks: collections.deque = collections.deque()
         self.items = 0
-        lock = threading.Lock()
+        # Re-entrant: the producer allocates under it, and a garbage collection there may run
+        # the finalizer of its own Prefetcher (dropped inside a cycle), whose close() takes it.
+        lock = threading.RLock()
         self.ready = threading.Condition(lock)  # the consumer waits here for the producer
         self.room = threading.Condition(lock)  # the producer waits here for room or its turn
         self.busy = False  # a thread is running the upstream
@@ -93,10 +106,12 @@ class _Shared:
         self.producer_waiting = False  # for room in a full queue
         self.backoff = False
         self.idle_poll = IDLE_POLL_S
+        self.thread: Optional[threading.Thread] = None  # the producer (set once started)
 
     # -- the consumer's side ------------------------------------------------------------------
     def take(self) -> Any:
         """The next block, from the queue or made here; ``_END`` or a ``_Failure`` at the end."""
+        log = None
         with self.ready:
             while True:
                 if self.blocks:
@@ -113,6 +128,11 @@ class _Shared:
                 # The producer is making a block: wait for it (it notifies when done).
                 if self.auto:
                     self._grow()
+                if log is None:
+                    log = WaitLog(self._waiting)
+                elif self.thread is not None and not self.thread.is_alive():
+                    return _Failure(UsageError(_GONE))  # busy for ever: nothing will notify
+                log.tick()
                 self.consumer_waiting = True
                 try:
                     self.ready.wait(PUT_POLL_S)
@@ -126,6 +146,13 @@ class _Shared:
         with self.ready:
             self.busy = False
         return block
+
+    def _waiting(self, waited: float) -> str:
+        name = "?" if self.thread is None else self.thread.name
+        return (f"prefetch: waiting for the next block from the prefetch thread ({name}), for"
+                f" {waited:.0f} s so far: it is still reading or decoding upstream (a wait on a"
+                " source is logged by the source, with the timeout that ends it); this ends"
+                " when the block is made or the upstream fails")
 
     def _end_here(self) -> None:
         # The upstream ended in the consumer's thread (its generators have closed the readers):
@@ -277,7 +304,9 @@ class Prefetcher:
         auto = n is None
         self._shared = _Shared(upstream, AUTO_START if auto else n, auto, size_of)
         self._done = False
+        self._left_running = False  # close() has said that the thread outlived it
         self._thread = threading.Thread(target=self._shared.produce, name=name, daemon=True)
+        self._shared.thread = self._thread
         self._thread.start()
 
     @property
@@ -303,7 +332,7 @@ class Prefetcher:
 
     def _finish(self) -> None:
         self._done = True
-        self._thread.join(CLOSE_JOIN_S)
+        self._join()
 
     def close(self) -> None:
         """Stop the producer thread and close the upstream (safe to call more than once)."""
@@ -312,7 +341,21 @@ class Prefetcher:
         self._done = True
         self._shared.close()
         if self._thread is not threading.current_thread():
-            self._thread.join(CLOSE_JOIN_S)
+            self._join()
+
+    def _join(self) -> None:
+        """Wait up to :data:`CLOSE_JOIN_S` for the producer to end; if it has not, say so (once)
+        and let it end on its own (a daemon thread, blocked in an upstream read)."""
+        thread = self._thread
+        if not thread.is_alive():
+            return
+        thread.join(CLOSE_JOIN_S)
+        if thread.is_alive() and not self._left_running:
+            self._left_running = True
+            logger.warning("prefetch: the prefetch thread (%s) has not ended %g s after it was"
+                           " told to stop: it is blocked upstream (a source read: the source's"
+                           " read_timeout bounds it), and closes its sources when that returns;"
+                           " going on without it", thread.name, CLOSE_JOIN_S)
 
     def __del__(self) -> None:
         try:

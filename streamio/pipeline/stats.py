@@ -52,7 +52,9 @@ class EpochStats:
         # come from DataLoader workers too.
         self.started_at = time.time()
         self._end: Optional[float] = None
-        self._lock = threading.Lock()
+        # Re-entrant: a garbage collection at an allocation under it may close a dropped
+        # reader of this epoch, which reports here from the same thread.
+        self._lock = threading.RLock()
         self._live: list = []  # reader stats objects of the sources open right now
         self._closed = dict.fromkeys(_READER_FIELDS, 0)
         self._closed["source_wait_s"] = 0.0

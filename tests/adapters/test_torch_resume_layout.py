@@ -50,11 +50,19 @@ def test_one_workers_state_alone_is_refused_at_load_state_dict(result):
     got = result["worker0-3"]
     assert got.get("at") == "load", got
     assert "worker 0 of 2" in got["error"] and "list of every rank's state" in got["error"], got
+    assert "ds.load_state_dict(loader_state)" in got["error"], got
 
 
 def test_a_two_worker_state_in_a_three_worker_loader_names_both_layouts(result):
     got = result["loader-3"]
     assert "error" in got, got
+    # torchdata loads each worker's state when the workers start: the error reaches the user
+    # from the first iter()/next(), before any batch, as a streamio UsageError.
+    assert got["usage_error"] and got["ids_before"] == 0, got
+    assert got["stage"] in ("iter", "next"), got
     # Whichever of the three workers fails first reports it: each names both layouts.
     assert re.search(r"worker \d of 2 loaded into worker \d of 3", got["error"]), got
+    # ... and the fix: the old loader's state into the dataset, before making the loader.
+    assert "ds.load_state_dict(loader_state)" in got["error"], got
+    assert "before making the loader" in got["error"], got
     assert "list of every rank's state" in got["error"], got

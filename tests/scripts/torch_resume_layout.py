@@ -38,10 +38,19 @@ def into_loader(state, workers):
     tds = pipeline(WORKDIR, "files").to_torch()
     loader = loader_of(tds, workers)
     loader.load_state_dict(state)
+    from streamio.errors import UsageError
+
+    ids = []
+    stage = "iter"  # iter(loader) starts the workers, which load their states
     try:
-        return {"ids": epoch_ids(loader)}
+        it = iter(loader)
+        stage = "next"
+        for batch in it:
+            ids.extend(batch["id"].tolist())
+        return {"ids": ids}
     except Exception as exc:  # noqa: BLE001
-        return {"error": f"{type(exc).__name__}: {exc}", "at": "iterate"}
+        return {"error": f"{type(exc).__name__}: {exc}", "at": "iterate", "stage": stage,
+                "usage_error": isinstance(exc, UsageError), "ids_before": len(ids)}
 
 
 def main():
