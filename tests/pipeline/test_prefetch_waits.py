@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-import streamio.sources.base
+import streamio._util
 from streamio.errors import UsageError
 from streamio.pipeline import Prefetcher
 from streamio.pipeline import prefetch as prefetch_module
@@ -55,7 +55,7 @@ def stalled_prefetcher() -> tuple:
 
 @pytest.fixture
 def quick_log(monkeypatch):
-    monkeypatch.setattr(streamio.sources.base, "WAIT_LOG_AFTER_S", 0.2)
+    monkeypatch.setattr(streamio._util, "WAIT_LOG_AFTER_S", 0.2)
 
 
 def test_a_consumer_waiting_for_a_stalled_producer_says_what_it_waits_for(quick_log, caplog):
