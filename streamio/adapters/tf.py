@@ -1,54 +1,30 @@
 """TensorFlow adapter: a streamio ``Dataset`` as a ``tf.data.Dataset`` with an exact
 ``element_spec``.
 
-The element spec comes from ``decoder.output_spec()``: each field ``(B, *shape)`` with a ``None``
-batch dimension (and ``None`` where the decoder says a dimension varies, such as a ``VarLen``
-feature padded to the longest in its batch, whose lengths come as ``name + "_len"``); sparse
-fields are ``tf.SparseTensor`` (from the CSR ``SparseBatch``: same values, row-major indices);
-object fields (bytes, str) are ``tf.string``. A decoder that learns its outputs from the data
-(``output_spec()`` is ``None``) is peeked: the first batch is read when ``to_tf()`` is called,
-kept, and handed out first by the first iteration, so no record is lost and no extra epoch of a
-FIFO is consumed (but ``to_tf()`` then waits for the first batch).
+The spec comes from ``decoder.output_spec()``: each field ``(B, *shape)`` with a ``None`` batch
+dimension (and ``None`` where a dimension varies, as a ``VarLen`` padded per batch with its
+lengths in ``name + "_len"``); sparse fields are ``tf.SparseTensor``, bytes and str fields
+``tf.string``. A decoder that learns its outputs from the data is peeked: ``to_tf()`` reads the
+first batch and the first iteration hands it out first (no record lost, no extra FIFO epoch).
 
-Each iteration of the returned ``tf.data.Dataset`` (a ``for`` loop, a Keras epoch, a
-``.repeat()`` round) is one epoch of the stream: the sources are re-opened (a
-:class:`~streamio.PipeChannel` moves to its next FIFO) and shuffle seeds derive from the epoch.
-
-Keras: Keras 3 learns the length of a dataset of unknown cardinality by running out of it, and
-warns "Your input ran out of data" at the end of the first epoch. A stream's length is not known
-before it has been read, so pass ``to_tf(batches=n)`` when you know how many batches an epoch
-holds (``ceil(records / batch_size)``; per input pipeline under ``input_context``): the
-``tf.data.Dataset`` then has that cardinality, Keras ends each epoch after ``n`` steps without
-the warning, and an epoch of any other length fails instead of training on a silently different
-amount of data: ``model.fit`` raises. A longer epoch fails in place of its ``n``-th batch (which
-waits until the stream shows whether an ``n + 1``-th follows), since Keras never asks past ``n``.
-
-``Dataset.stats()`` of the Dataset given to ``to_tf()`` describes the latest epoch read through
-the tf.data Dataset (or by iterating the Dataset itself, whichever started later).
-
-Speed: a Python call from inside tf.data costs far more than a numpy batch of 256 small Examples
-takes to decode, so when every output has a fixed shape (dense fields, no ``VarLen``, sparse or
-string field) TensorFlow gets blocks of up to ``BLOCK_BATCHES`` consecutive batches of one size,
-stacked as ``[k, B, ...]``, which ``unbatch()`` splits back into the same batches inside the
-tf.data runtime (a slice each, no Python). A batch of another size (the last, partial one) starts
-a block of its own, so every batch comes out exactly as numpy iteration gives it. The blocks come
-from one ``tf.numpy_function`` per block under a ``scan`` (whose state is the iterator's token),
-not from ``from_generator``, whose ``flat_map`` and per-element checks cost more per block and
-per epoch (see ``_EpochSource.block_dataset``); ``prefetch(BLOCK_PREFETCH)`` then lets the Python
-side make the next block while TensorFlow consumes this one. Other outputs go one batch per
-``from_generator`` call (what else was tried: docs/performance.md).
-
-One iteration at a time on the block path: a new iteration (the next epoch) closes the epoch a
-``break`` or a shorter Keras epoch left open (its sources and threads; TensorFlow does not tell a
-``numpy_function`` that an iterator was dropped), and an older iterator still being read then
-fails with a :class:`~streamio.errors.UsageError` rather than share an epoch. Call ``to_tf()``
-once per concurrent reader. No wait here is unbounded or silent: a block call that finds another
-still reading its iteration waits ``BLOCK_CALL_WAIT_S`` at most, then fails saying so; a wait on
-a source is the source's (bounded by its timeouts, and logged while it lasts); a wait for a
-``prefetch()`` thread's block is logged while it lasts, and fails if that thread is gone.
-
-Errors raised while reading reach the user as TensorFlow errors (``numpy_function`` and
-``from_generator`` wrap them) whose message carries streamio's message.
+Contract:
+- Each iteration (a ``for`` loop, a Keras epoch, a ``.repeat()`` round) is one epoch of the
+  stream: sources re-opened (a ``PipeChannel`` moves to its next FIFO), shuffle seeds per epoch.
+- ``to_tf(batches=n)`` gives the Dataset that cardinality, so Keras ends each epoch after ``n``
+  steps; an epoch of any other length makes ``model.fit`` raise (a longer one in place of its
+  ``n``-th batch, which waits to see whether an ``n + 1``-th follows).
+- Every batch comes out as numpy iteration gives it. Fixed-shape outputs travel as blocks of up
+  to ``BLOCK_BATCHES`` batches of one size (``[k, B, ...]``, ``unbatch()``-ed inside tf.data),
+  one ``tf.numpy_function`` per block under a ``scan``; other outputs one batch per
+  ``from_generator`` call (why: docs/performance.md).
+- One iteration at a time on the block path: a new one closes the epoch a ``break`` or a short
+  Keras epoch left open, and an older iterator still read then raises ``UsageError``. Call
+  ``to_tf()`` once per concurrent reader.
+- No wait is unbounded or silent: a block call that finds another reading its iteration waits
+  ``BLOCK_CALL_WAIT_S`` at most; source waits are bounded by their timeouts and logged; a wait
+  for a ``prefetch()`` thread is logged and fails if the thread is gone.
+- Errors reach the user as TensorFlow errors carrying streamio's message; ``Dataset.stats()``
+  describes the latest epoch read through the tf.data Dataset or the Dataset itself.
 """
 
 from __future__ import annotations
