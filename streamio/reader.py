@@ -27,6 +27,7 @@ from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_
 from .formats._framing import RecordSpans
 from .formats.index_file import without_index_files
 from .formats.recordio import MULTIPART_CHOICES
+from .formats.text import ROW_OFFSET_BYTES
 from .formats import check_common
 from . import _read_buffers as read_buffers
 from ._util import ItemChain, exhaust_iterator
@@ -235,6 +236,8 @@ class RecordReader:
         # The size _pieces turns to after its first read, when record_lists decides one.
         self._grow_to: Optional[int] = None
         self._closed = False
+        self._row_offsets = False  # keep_row_offsets() was called
+        self._framer: Any = None  # kept for row_offset()
 
     def _open(self) -> ByteSource:
         global _stdin_consumed
@@ -343,7 +346,22 @@ class RecordReader:
         except BaseException:
             self.close()
             raise
+        if self._row_offsets and hasattr(framer, "keep_row_offsets"):
+            framer.keep_row_offsets(max(ROW_OFFSET_BYTES, 2 * self.read_size))
+            self._framer = framer
         return src, framer, codec, end
+
+    def keep_row_offsets(self) -> None:
+        """Before reading: have the framer keep the last bytes it framed (CSV: a few MiB, see
+        :data:`~streamio.formats.text.ROW_OFFSET_BYTES`), so that :meth:`row_offset` can say
+        where a recent record starts. Other formats keep nothing."""
+        self._row_offsets = True
+
+    def row_offset(self, index: int) -> Optional[int]:
+        """The byte offset (in the decompressed stream) where record ``index`` of this reader
+        starts, if its framer still holds its bytes (:meth:`keep_row_offsets`); else None."""
+        locate = getattr(self._framer, "row_offset", None)
+        return None if locate is None else locate(index)
 
     def _framed(self, pieces: Iterator[Any], framer: Any, codec: Any,
                 blocks: Optional["_SpanBlocks"], grow: Optional[int],
