@@ -1,9 +1,9 @@
 """Read buffers kept for the next reader: a reader's chunk buffer and its span pairs.
 
-Each :class:`~streamio.reader.RecordReader` used to make its own ``bytearray(read_size)``
-(zero-filled: a pass over a MiB before the first byte is read) and free it when its source
-ended. An epoch of a mix opened and freed one per input, and a job reading many small files one
-per file. The buffers are now lent from this pool and given back when the reader is done:
+A :class:`~streamio.reader.RecordReader` borrows its chunk buffer here and gives it back when
+its source ends, rather than making a ``bytearray(read_size)`` of its own (zero-filled: a pass
+over a MiB before the first byte is read) for each source: an epoch of a mix opens a reader per
+input, a job reading many small files one per file.
 
 - :func:`lend` gives a buffer of exactly ``size`` bytes whose contents are undefined (a reader
   only ever exposes the bytes it has just read into it). A kept buffer is lent only if nothing
@@ -15,12 +15,12 @@ per file. The buffers are now lent from this pool and given back when the reader
 The C allocator: glibc raises its mmap threshold to the size of a large block when such a block
 (allocated by mmap) is freed, and its trim threshold to twice that: later blocks of that size
 come from the heap, and the heap is given back to the system only beyond the trim threshold.
-A reader's freed buffer used to do that in every process that read a stream. A pooled buffer
-is never freed, so before the first buffer of a size is made the pool makes and frees one block
-of that size (``bytes(size)``: calloc, untouched, so it costs neither a pass nor page faults),
-leaving the thresholds where a reader's freed buffer left them. Without it, a mix of two inputs
-of 16 KiB records had its heap trimmed and faulted back (about 3,000 page faults an epoch,
-against none with it; 2026-11-27). Other allocators ignore it.
+A pooled buffer is never freed, so before the first buffer of a size is made the pool makes and
+frees one block of that size (``bytes(size)``: calloc, untouched, so it costs neither a pass nor
+page faults), leaving the thresholds where a reader's own freed buffer would. Without it a mix
+of two inputs of 16 KiB records had its heap trimmed and faulted back, about 3,000 page faults
+an epoch (docs/performance.md, "History from reader.py and _read_buffers.py"). Other
+allocators ignore it.
 
 Lending and giving back take a lock (once per reader, not per read; re-entrant, for a reader
 that the garbage collector closes under it); a forked child starts with an empty pool and a new

@@ -24,9 +24,10 @@ from .codecs import (check_compression, describe_head, infer_compression, make_c
 from .errors import DecodeError, FormatError, SourceError, UsageError, UsageTypeError
 from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_tfrecord,
                       make_framer)
-from .formats._framing import RecordSpans
+from .formats import RecordSpans
 from .formats.index_file import without_index_files
 from .formats.recordio import MULTIPART_CHOICES
+from .formats.text import ROW_OFFSET_BYTES
 from .formats import check_common
 from . import _read_buffers as read_buffers
 from ._util import ItemChain, exhaust_iterator
@@ -37,12 +38,10 @@ from .sources.local_tree import LocalTree, check_glob_match
 from .sources.ranged import MAX_OFFSET, open_at, range_capable
 
 #: Span blocks (``record_lists(spans=True)``) are given for a chunk only while the chunk before
-#: it framed records of at most this many bytes on average (frames included). A mix made its
-#: records from spans (their CRCs checked as the kernel copies them, ``span_crcs``) in 0.93x
-#: the time of lists at 400 bytes a record, 1.00x at 1 KiB, 1.00x at 4 KiB and 1.06x at 16 KiB
-#: (records made a read at a time, as lists, stay in the cache for the consumer; 2026-11-27).
-#: When the scan checked the CRCs and the kernel copied the records (two passes over their
-#: bytes) the same ratios were 1.02x at 400 bytes, 1.06x at 1 KiB and 1.35x at 4 KiB.
+#: it framed records of at most this many bytes on average (frames included): a mix made its
+#: records from spans no slower than from lists up to 1 KiB a record (0.93x at 400 bytes,
+#: 1.00x at 1 KiB), and slower past it (1.06x at 16 KiB; docs/performance.md, "History from
+#: reader.py and _read_buffers.py").
 SPAN_MEAN_MAX = 1024
 #: The span buffer has room for a read of frames this long on average (a read of smaller ones
 #: gives the records past its room in a list).
@@ -237,6 +236,8 @@ class RecordReader:
         # The size _pieces turns to after its first read, when record_lists decides one.
         self._grow_to: Optional[int] = None
         self._closed = False
+        self._row_offsets = False  # keep_row_offsets() was called
+        self._framer: Any = None  # kept for row_offset()
 
     def _open(self) -> ByteSource:
         global _stdin_consumed
@@ -293,13 +294,34 @@ class RecordReader:
         :mod:`streamio.pipeline.mix`): small records keep the smaller reads (fewer objects
         made at once), large ones take fewer, larger reads, as a Dataset read alone does. The
         records are the same either way."""
-        if large_read_size is not None and (isinstance(large_read_size, bool) or not (
-                isinstance(large_read_size, int) and large_read_size > 0)):
-            raise UsageError(f"large_read_size must be a positive int or None, not"
-                             f" {large_read_size!r}")
+        _check_large_read_size(large_read_size)
         if self._started:
-            raise UsageError("a RecordReader reads its source once; make a new one for another pass")
+            raise UsageError("a RecordReader reads its source once; make a new one for another"
+                             " pass")
         self._started = True
+        src, framer, codec, end = self._start()
+        # The read size after the first read, from its records (see above): decided once.
+        grow = (large_read_size if large_read_size is not None and end is None
+                and large_read_size > self.read_size else None)
+        first_read = self.read_size if grow is None else min(PROBE_READ_SIZE, self.read_size)
+        # The framer sees one stream of pieces, whether they came straight from the source or
+        # out of the codec (its tail included); finish() then ends the stream.
+        pieces = (self._pieces(src, codec, framer, first_read) if end is None else
+                  self._range_pieces(src, self._origin, end))
+        blocks = (_SpanBlocks(framer, self.stats, self.read_size, span_crcs)
+                  if spans and getattr(framer, "_scan_spans", None) is not None else None)
+        try:
+            yield from self._framed(pieces, framer, codec, blocks, grow, end)
+        finally:
+            if blocks is not None:
+                blocks.release()
+            self.stats.skipped_records = framer.skipped_records
+            self.stats.skipped_bytes = framer.skipped_bytes
+            self.close()
+
+    def _start(self) -> tuple:
+        """Open the source and make its framer and codec: ``(src, framer, codec, end)``, ``end``
+        the end of the byte range (None: the whole source)."""
         stats = self.stats
         clock = time.perf_counter
         end = None
@@ -324,38 +346,42 @@ class RecordReader:
         except BaseException:
             self.close()
             raise
+        if self._row_offsets and hasattr(framer, "keep_row_offsets"):
+            framer.keep_row_offsets(max(ROW_OFFSET_BYTES, 2 * self.read_size))
+            self._framer = framer
+        return src, framer, codec, end
+
+    def keep_row_offsets(self) -> None:
+        """Before reading: have the framer keep the last bytes it framed (CSV: a few MiB, see
+        :data:`~streamio.formats.text.ROW_OFFSET_BYTES`), so that :meth:`row_offset` can say
+        where a recent record starts. Other formats keep nothing."""
+        self._row_offsets = True
+
+    def row_offset(self, index: int) -> Optional[int]:
+        """The byte offset (in the decompressed stream) where record ``index`` of this reader
+        starts, if its framer still holds its bytes (:meth:`keep_row_offsets`); else None."""
+        locate = getattr(self._framer, "row_offset", None)
+        return None if locate is None else locate(index)
+
+    def _framed(self, pieces: Iterator[Any], framer: Any, codec: Any,
+                blocks: Optional["_SpanBlocks"], grow: Optional[int],
+                end: Optional[int]) -> Iterator[Any]:
+        """The blocks of records the framer makes of ``pieces`` and then of its ``finish()``
+        (see :meth:`record_lists`). Python runs here once per read, never once per record. A
+        framing error at the very first record says what the bytes look like
+        (:func:`_with_hint`)."""
+        stats = self.stats
+        feed = framer.feed
         head = bytearray()  # the first bytes the framer saw, to say what they look like
         framing = False  # a FormatError while True came from the framer, else from the codec
-        # Span blocks (see above): whether the format gives them; the pairs' buffer, made when
-        # first needed (room for a chunk of frames of SPAN_PAIRS_FRAME bytes on average: more
-        # records go to the list), reused; the block last handed out, ended before the next
-        # read; whether the last chunk's records were small (SPAN_MEAN_MAX): the first chunk
-        # comes as a list and tells.
-        spans = spans and getattr(framer, "_scan_spans", None) is not None
-        pairs: Optional[memoryview] = None
-        lent: Optional[RecordSpans] = None
+        # Whether the last chunk's records were small (SPAN_MEAN_MAX): the next chunk then comes
+        # as spans, if the format gives them (blocks); the first chunk comes as a list and tells.
         small = False
-        # The read size after the first read, from its records (see above): decided once.
-        grow = (large_read_size if large_read_size is not None and end is None
-                and large_read_size > self.read_size else None)
-        first_read = self.read_size if grow is None else min(PROBE_READ_SIZE, self.read_size)
-
-        def on_fault(index: int) -> FormatError:
-            # Record `index` of the block lent out failed its consumer's CRC check: the
-            # framer's error at that frame; the records after it are not delivered.
-            stats.records -= len(lent) - index
-            return framer.span_fault(index, lent.spans[2 * index])
         try:
-            feed = framer.feed
-            # The framer sees one stream of pieces, whether they came straight from the source
-            # or out of the codec (its tail included); finish() then ends the stream.
-            pieces = (self._pieces(src, codec, framer, first_read) if end is None else
-                      self._range_pieces(src, self._origin, end))
             for piece in pieces:
                 framing = True
-                if lent is not None:
-                    lent.release()
-                    lent = None
+                if blocks is not None:
+                    blocks.end_lent()
                 if piece.__class__ is int:  # read into the framer's rest_buffer()
                     records = framer.rest_filled(piece)
                     small = False  # a large frame completed in place (for spans)
@@ -366,29 +392,11 @@ class RecordReader:
                         records = feed(piece)
                         framed = len(records)
                     else:
-                        if pairs is None:
-                            pairs_buffer = read_buffers.lend(
-                                16 * (self.read_size // SPAN_PAIRS_FRAME + 1))
-                            pairs = memoryview(pairs_buffer).cast("q")
-                        records, buffer, n, at = framer.feed_spans(piece, pairs, span_crcs)
-                        framed = n + len(records)
-                        if n:
-                            lent = RecordSpans(buffer, pairs[:2 * n],
-                                               on_fault if framer.span_crcs else None)
-                            del buffer
-                            stats.records += n
-                            if at:
-                                stats.records += at
-                                first = [records[:at]]
-                                del records[:at]
-                                yield first.pop()
-                            yield lent
-                            if lent.error is not None:  # the consumer found a record damaged
-                                raise lent.error
+                        records, framed = yield from blocks.feed(piece)
                     # Whether this chunk's records were small: spans for the next chunk,
                     # and (the first chunk, once) the reader's own read size after it.
                     small_records = framed > 0 and len(piece) <= SPAN_MEAN_MAX * framed
-                    if spans:
+                    if blocks is not None:
                         small = small_records
                     if grow is not None:
                         self._grow_to = self.read_size if small_records else grow
@@ -405,33 +413,14 @@ class RecordReader:
                 if end is not None and framer.done:
                     break
             framing = True
-            if lent is not None:
-                lent.release()
-                lent = None
-            records = framer.finish()
-            if records:
-                stats.records += len(records)
-                records = [records]  # handed over, as above
-                yield records.pop()
-            # A fault finish() met after the records it returned (the rule: raised by the
-            # next call, and there is none).
-            pending = getattr(framer, "pending_error", None)
-            if pending is not None:
-                raise pending
+            if blocks is not None:
+                blocks.end_lent()
+            yield from _finished(framer, stats)
         except FormatError as exc:
             hinted = _with_hint(exc, framer, bytes(head), self.format, codec) if framing else exc
             if hinted is exc:
                 raise
             raise hinted from exc
-        finally:
-            if lent is not None:
-                lent.release()
-            if pairs is not None:
-                pairs.release()
-                read_buffers.give_back(pairs_buffer)
-            stats.skipped_records = framer.skipped_records
-            stats.skipped_bytes = framer.skipped_bytes
-            self.close()
 
     def _pieces(self, src: ByteSource, codec: Any, framer: Any, size: int) -> Iterator[Any]:
         """The decompressed bytes of ``src``, chunk by chunk (views into one reused buffer of
@@ -521,6 +510,89 @@ class RecordReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _finished(framer: Any, stats: ReaderStats) -> Iterator[list]:
+    """The records the framer's ``finish()`` completes (the end of the stream)."""
+    records = framer.finish()
+    if records:
+        stats.records += len(records)
+        records = [records]  # handed over, as a read's list is
+        yield records.pop()
+    # A fault finish() met after the records it returned (the rule: raised by the next call,
+    # and there is none).
+    pending = getattr(framer, "pending_error", None)
+    if pending is not None:
+        raise pending
+
+
+def _check_large_read_size(large_read_size: Any) -> None:
+    if large_read_size is not None and (isinstance(large_read_size, bool) or not (
+            isinstance(large_read_size, int) and large_read_size > 0)):
+        raise UsageError(f"large_read_size must be a positive int or None, not"
+                         f" {large_read_size!r}")
+
+
+class _SpanBlocks:
+    """The span blocks of one pass (``record_lists(spans=True)``): the pairs' buffer, lent when
+    first needed (room for a chunk of frames of :data:`SPAN_PAIRS_FRAME` bytes on average: more
+    records go to the list) and reused; the block last handed out, ended before the next read."""
+
+    def __init__(self, framer: Any, stats: ReaderStats, read_size: int, span_crcs: bool) -> None:
+        self._framer = framer
+        self._stats = stats
+        self._read_size = read_size
+        self._span_crcs = span_crcs
+        self._pairs_buffer: Optional[bytearray] = None
+        self._pairs: Optional[memoryview] = None
+        self.lent: Optional[RecordSpans] = None
+
+    def feed(self, piece: Any) -> Iterator[Any]:
+        """Frame ``piece`` as spans: yield the records it completed from the chunk before (a
+        list), then its span block (raising the error its consumer found in it, if asked for
+        more); return the records after the spans (a list) and how many records it framed."""
+        if self._pairs is None:
+            self._pairs_buffer = read_buffers.lend(16 * (self._read_size // SPAN_PAIRS_FRAME + 1))
+            self._pairs = memoryview(self._pairs_buffer).cast("q")
+        pairs = self._pairs
+        framer = self._framer
+        records, buffer, n, at = framer.feed_spans(piece, pairs, self._span_crcs)
+        framed = n + len(records)
+        if n:
+            lent = self.lent = RecordSpans(buffer, pairs[:2 * n],
+                                           self._on_fault if framer.span_crcs else None)
+            del buffer
+            self._stats.records += n
+            if at:
+                self._stats.records += at
+                first = [records[:at]]
+                del records[:at]
+                yield first.pop()  # handed over, as a list is
+            yield lent
+            if lent.error is not None:  # the consumer found a record damaged
+                raise lent.error
+        return records, framed
+
+    def _on_fault(self, index: int) -> FormatError:
+        # Record `index` of the block lent out failed its consumer's CRC check: the framer's
+        # error at that frame; the records after it are not delivered.
+        lent = self.lent
+        self._stats.records -= len(lent) - index
+        return self._framer.span_fault(index, lent.spans[2 * index])
+
+    def end_lent(self) -> None:
+        """End the block handed out last (its buffer is about to hold other bytes)."""
+        if self.lent is not None:
+            self.lent.release()
+            self.lent = None
+
+    def release(self) -> None:
+        """The pass is over: end the last block, give the pairs' buffer back."""
+        if self.lent is not None:
+            self.lent.release()
+        if self._pairs is not None:
+            self._pairs.release()
+            read_buffers.give_back(self._pairs_buffer)
 
 
 def _check_byte_range(byte_range: Any, source: Any, compression: Any) -> Optional[tuple]:

@@ -8,7 +8,9 @@
   every cell to its length (1,000 columns and one 1 MB field: 4 GB).
 * :class:`RowFaults` applies ``on_error`` to the rows of one batch: ``"raise"`` raises the row's
   :class:`~streamio.errors.DecodeError`; ``"skip"`` and ``"warn"`` (with a warning) drop the row
-  and count it (``decoders.skips``: the epoch's ``stats()``).
+  and count it (``decoders.skips``: the epoch's ``stats()``, which keeps the first errors too).
+* :class:`RowPlace` names a row in those errors: source, record index and, where the caller
+  can say where rows start (``row_offset``), the row's byte offset; asked only for a bad row.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 import itertools
 import re
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
 from ..errors import DecodeError, StreamioWarning
+from .example import _Where
 from .skips import note_skip
 
 # A row of N one-byte columns costs the decoder about 115 bytes a column (the column plan:
@@ -104,6 +107,27 @@ def row_index(positions: Optional[np.ndarray], k: int) -> int:
     return k if positions is None else int(positions[k])
 
 
+class RowPlace(_Where):
+    """Where a batch of rows came from: its source, the record index of its first row and,
+    given ``row_offset`` (record index -> byte offset in the source, or None), each row's
+    byte offset, asked for only when an error names a row."""
+
+    __slots__ = ("row_offset",)
+
+    def __init__(self, source: Optional[str], first_index: int,
+                 row_offset: Optional[Callable[[int], Optional[int]]] = None) -> None:
+        super().__init__(source, first_index)
+        self.row_offset = row_offset
+
+    def error(self, message: str, row: Optional[int], field: Optional[str]) -> DecodeError:
+        index = None if row is None else self.first_index + row
+        offset = None
+        if index is not None and self.row_offset is not None:
+            offset = self.row_offset(index)
+        return DecodeError(message, source=self.source, offset=offset, record_index=index,
+                           field=field)
+
+
 class RowFaults:
     """The rows of one batch that do not decode, under ``on_error``."""
 
@@ -130,7 +154,7 @@ class RowFaults:
         self.bad[k] = err
         if self.on_error == "warn":
             warnings.warn(f"skipped a record: {err}", StreamioWarning, stacklevel=5)
-        note_skip(err.field or "row")
+        note_skip(err.field or "row", err)
 
     def keep(self, nrows: int) -> Optional[np.ndarray]:
         """The mask of the rows that decoded, or None when all did."""

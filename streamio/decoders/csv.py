@@ -18,15 +18,15 @@ from __future__ import annotations
 import codecs
 import csv as _csv
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..errors import DecodeError
 from ..errors import UsageError, UsageTypeError
 from ._csv_plan import _TEXT, _fields_per_row_ok, _loadtxt, _Plan
-from ._csv_rows import (DEFAULT_MAX_COLUMNS, TABLE_MIN_BYTES, RowFaults, fixed_width, more_fields_than,
-                        row_index as _row_index, table_budget)
+from ._csv_rows import (DEFAULT_MAX_COLUMNS, TABLE_MIN_BYTES, RowFaults, RowPlace, fixed_width,
+                        more_fields_than, row_index as _row_index, table_budget)
 from .example import _Where
 from .sparse import SparseBatch
 from .spec import FieldSpec
@@ -119,12 +119,25 @@ class Csv:
 
     A value that does not parse, a row with the wrong number of fields or more than
     ``max_columns``, or a row that is not valid CSV or text is a bad row: ``on_error="raise"``
-    (default) raises :class:`~streamio.errors.DecodeError` naming the source, the record and the
-    column; ``"skip"`` drops the row from its batch (which is then shorter) and counts it in the
-    epoch's ``stats()`` (``skipped_records``, ``decoder_skipped``, and by column in
-    ``decoder_skipped_fields``); ``"warn"`` also warns (``StreamioWarning``) with that error. A
-    bad header, or options that do not fit the columns, always raise.
+    (default) raises :class:`~streamio.errors.DecodeError` naming the source, the row's byte
+    offset, the record and the column; ``"skip"`` drops the row from its batch (which is then
+    shorter) and counts it in the epoch's ``stats()`` (``skipped_records``, ``decoder_skipped``,
+    by column in ``decoder_skipped_fields``, and the first errors themselves in
+    ``decoder_skips``); ``"warn"`` also warns (``StreamioWarning``) with that error. A bad
+    header, or options that do not fit the columns, always raise.
+
+    The byte offset (of the row's first byte, in the decompressed stream) is given where a
+    :class:`~streamio.Dataset` reads the source in this process and decodes rows in their
+    order: ``batch()`` (or no batch) with no ``shuffle``, no reordering ``map`` and no
+    round-robin shard before it, the row among the last few MiB read
+    (:data:`~streamio.formats.text.ROW_OFFSET_BYTES`, or two reads if larger). Elsewhere it is
+    None: shuffled rows, a round-robin shard, rows held back longer than that (a ``prefetch``
+    of many MiB before ``batch()``), DataLoader workers fed one shared stream, ``decode_batch``
+    called directly without ``row_offset`` (a callable: record index -> byte offset or None).
     """
+
+    #: ``decode_batch`` takes ``row_offset=`` (what a Dataset passes where it knows row starts).
+    takes_row_offsets = True
 
     def __init__(self, *, header: bool = False, label_column: Optional[Column] = None,
                  columns: Optional[Sequence[Column]] = None,
@@ -247,7 +260,9 @@ class Csv:
     # --- decoding -----------------------------------------------------------------------------
 
     def decode_batch(self, records: Sequence[bytes], *, source: Optional[str] = None,
-                     first_index: int = 0) -> Dict[str, Union[np.ndarray, SparseBatch]]:
+                     first_index: int = 0,
+                     row_offset: Optional[Callable[[int], Optional[int]]] = None
+                     ) -> Dict[str, Union[np.ndarray, SparseBatch]]:
         plan = self._plan
         if (_c_parse_csv_floats is not None and plan is not None and plan.fast and self._fast_ok
                 and plan.fast_dtype in (np.float32, np.float64)
@@ -263,7 +278,7 @@ class Csv:
                                         plan.fast_dtype == np.float64)
             if table is not None:
                 return plan.assemble_fast(table)
-        where = _Where(source, first_index)
+        where = RowPlace(source, first_index, row_offset)
         rows = list(records)
         positions: Optional[np.ndarray] = None  # batch row -> index in records, once rows are dropped
         wide = self._too_wide(rows)

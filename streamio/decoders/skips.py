@@ -1,9 +1,10 @@
 """Counting the records a decoder drops under ``on_error="skip"`` (or ``"warn"``).
 
-A decoder that drops a record says so with :func:`note_skip` (the field that did not decode);
-whoever runs it (the pipeline's decode stage, a ``map`` thread or process) collects the notes of
-one call with :func:`counting_skips` and adds them to the epoch's ``stats()``. A ``ContextVar``
-keeps calls in different threads apart; outside ``counting_skips`` a note goes nowhere.
+A decoder that drops a record says so with :func:`note_skip` (the field that did not decode,
+and the error that names the record, if it has one); whoever runs it (the pipeline's decode
+stage, a ``map`` thread or process) collects the notes of one call with :func:`counting_skips`
+and adds them to the epoch's ``stats()``. A ``ContextVar`` keeps calls in different threads
+apart; outside ``counting_skips`` a note goes nowhere.
 """
 
 from __future__ import annotations
@@ -13,22 +14,34 @@ import contextlib
 import contextvars
 from typing import Iterator, Optional
 
-__all__ = ["counting_skips", "note_skip"]
+__all__ = ["Skips", "counting_skips", "note_skip"]
 
 _SINK: contextvars.ContextVar = contextvars.ContextVar("streamio_decoder_skips", default=None)
 
 
-def note_skip(field: Optional[str]) -> None:
-    """A record was dropped because ``field`` did not decode."""
+class Skips(collections.Counter):
+    """``{field: records}`` dropped, and ``errors``: the errors that named the dropped records
+    (source, byte offset, record index), one per record (a call decodes one block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list = []
+
+
+def note_skip(field: Optional[str], error: Optional[BaseException] = None) -> None:
+    """A record was dropped because ``field`` did not decode (``error`` says where, if given)."""
     sink = _SINK.get()
     if sink is not None:
         sink[field or "record"] += 1
+        if error is not None:
+            sink.errors.append(error)
 
 
 @contextlib.contextmanager
-def counting_skips() -> Iterator[collections.Counter]:
-    """Collect the skips noted in this thread while the block runs: ``{field: records}``."""
-    sink: collections.Counter = collections.Counter()
+def counting_skips() -> Iterator[Skips]:
+    """Collect the skips noted in this thread while the block runs: ``{field: records}``, and
+    the errors (:class:`Skips`)."""
+    sink = Skips()
     token = _SINK.set(sink)
     try:
         yield sink

@@ -19,10 +19,16 @@ Bounded time and space on any input: the scan uses ``bytes.find`` (C speed) and 
 each search went, so no byte is searched twice for the same thing; the unfinished row is one
 ``bytearray`` that never exceeds ``max_record_size`` (checked before it grows), and rows of a
 chunk that hold no quoted field are cut with one ``split`` per run of rows.
+
+Row offsets (CSV, on request: :meth:`TextRowFramer.keep_row_offsets`): the framer keeps the last
+few MiB of the stream and, per feed, a row boundary; :meth:`~TextRowFramer.row_offset` frames
+those bytes again to say where a recent row starts. Nothing is done per row until it is asked.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
 import re
 from typing import Optional
 
@@ -43,6 +49,10 @@ _BLANK_BYTES = b" \t\r\n"  # a row that starts with one of these may be blank
 _UNQUOTED = 0  # outside quotes (START_FIELD / IN_FIELD): a line break ends the row
 _QUOTED = 1  # inside a quoted field (IN_QUOTED_FIELD): everything is data but a quote
 _QUOTE_SEEN = 2  # a quote inside a quoted field, the next byte not seen yet (QUOTE_IN_QUOTED_FIELD)
+
+#: What a framer asked for row offsets keeps of the stream (at least): a batch is decoded right
+#: after the read that completes it, so its rows lie within the last read and the batch's bytes.
+ROW_OFFSET_BYTES = 4 << 20
 
 
 class TextRowFramer(FramerBase):
@@ -86,6 +96,10 @@ class TextRowFramer(FramerBase):
         self._range_stop: Optional[int] = None
         self.done = False
         self._dropping = False  # skipping an oversized row under on_error="skip"
+        self._options = dict(quotechar=quotechar, delimiter=delimiter, keep_blank=keep_blank,
+                             csv_rows=csv_rows, max_record_size=max_record_size)
+        self._recent: Optional[_RecentRows] = None  # kept for row_offset(), once asked
+        self._finished = False
 
     @property
     def offset(self) -> int:
@@ -109,14 +123,39 @@ class TextRowFramer(FramerBase):
         self._range_stop = stop
         return origin
 
+    def keep_row_offsets(self, keep_bytes: int = ROW_OFFSET_BYTES) -> None:
+        """From the next feed on, keep the last ``keep_bytes`` (or more: whole chunks) of the
+        stream, so that :meth:`row_offset` can say where a row among them starts. CSV only:
+        a lines framer keeps nothing (its ``row_offset`` is None)."""
+        if self._csv and self._recent is None:
+            self._recent = _RecentRows(keep_bytes, self._options)
+
+    def row_offset(self, index: int) -> Optional[int]:
+        """The stream offset where delivered row ``index`` (0: the first this framer delivered)
+        starts, its first byte after a byte-order mark the stream opened with; None where its
+        bytes are no longer kept (:meth:`keep_row_offsets`) or were never asked to be."""
+        if self._recent is None or not 0 <= index < self.records:
+            return None
+        return self._recent.offset(index, self._finished)
+
     def feed(self, chunk) -> list[bytes]:
         self._raise_pending()
         if self.done:
             return []
         data = bytes(as_bytes_view(chunk))
+        if self._recent is not None:
+            self._keep_recent(data)
         if self._seeking or self._range_stop is not None:
             return self._feed_range(data)
         return self._feed_whole(data)
+
+    def _keep_recent(self, data: bytes) -> None:
+        """Keep ``data`` for :meth:`row_offset`, with a row boundary to frame again from: where
+        the unfinished row starts (not where a CR just ended a row, an LF perhaps next, nor
+        inside a range's first bytes or an oversized row)."""
+        clean = not (self._seeking or self._dropping or self._lf_after_cr)
+        self._recent.add(self._fed, data, self.records if clean else None, self._row_start,
+                         self._head is not None)
 
     def _feed_range(self, data: bytes) -> list[bytes]:
         base = self._fed
@@ -130,6 +169,8 @@ class TextRowFramer(FramerBase):
             data = data[cut + 1:]
             base += cut + 1
             self._fed = self._row_start = base
+            if self._recent is not None:  # the range's first row starts here
+                self._recent.mark(self.records, base, False)
             if self._range_stop is not None and base >= self._range_stop:
                 self._fed = base + len(data)  # the range's first row starts past its end
                 self.done = True
@@ -158,6 +199,7 @@ class TextRowFramer(FramerBase):
 
     def finish(self) -> list[bytes]:
         self._raise_pending()
+        self._finished = True
         if self.done or self._seeking:  # no row starts in the rest of the range
             self.done = True
             return []
@@ -465,6 +507,81 @@ class TextRowFramer(FramerBase):
         self._skip(err, nbytes)
         self._dropping = True
         return True
+
+
+class _RecentRows:
+    """The last bytes of a CSV stream and, per feed, a row boundary in them (``marks``: the
+    rows delivered before it, its stream offset, whether a byte-order mark may open the stream
+    there), so that a recent row's start can be found when asked (:meth:`offset`): the bytes
+    from the last boundary before the row to the next are framed again by a fresh framer with
+    the same options (the same rows, blank ones, CRLFs and quoted line breaks alike), and each
+    row is found after the one before it (between two rows lie only line breaks, blanks and
+    rows of blanks, none of which can begin a match). Nothing is done per row until asked;
+    the rows of the last boundary asked for are remembered."""
+
+    def __init__(self, keep_bytes: int, options: dict) -> None:
+        self.keep_bytes = keep_bytes
+        self.options = options
+        self.chunks: collections.deque = collections.deque()  # (stream offset, bytes)
+        self.size = 0
+        self.marks: collections.deque = collections.deque()  # (rows before, offset, bom)
+        self.found: tuple = (None, [])  # (what was framed, the starts of its rows)
+
+    def add(self, base: int, data: bytes, records: Optional[int], boundary: int,
+            bom: bool) -> None:
+        if records is not None:
+            self.mark(records, boundary, bom)
+        self.chunks.append((base, data))
+        self.size += len(data)
+        while self.size - len(self.chunks[0][1]) >= self.keep_bytes:
+            self.size -= len(self.chunks.popleft()[1])
+        first = self.chunks[0][0]
+        while self.marks and self.marks[0][1] < first:
+            self.marks.popleft()
+
+    def mark(self, records: int, offset: int, bom: bool) -> None:
+        self.marks.append((records, offset, bom))
+
+    def offset(self, index: int, finished: bool) -> Optional[int]:
+        # Copies: a reader thread may be feeding while a decoder asks.
+        marks, chunks = list(self.marks), list(self.chunks)
+        at = bisect.bisect_right([m[0] for m in marks], index) - 1
+        if at < 0 or not chunks or marks[at][1] < chunks[0][0]:
+            return None
+        mark = marks[at]
+        end = marks[at + 1][1] if at + 1 < len(marks) else None
+        # The rows from the mark: to the next mark, else to the last byte kept (and the end).
+        key = (mark, end) if end is not None else (mark, chunks[-1][0], finished)
+        if self.found[0] != key:
+            self.found = (key, self._starts(chunks, mark, end, finished and end is None))
+        starts = self.found[1]
+        k = index - mark[0]
+        return mark[1] + starts[k] if k < len(starts) else None
+
+    def _starts(self, chunks: list, mark: tuple, end: Optional[int], last: bool) -> list:
+        """The starts of the rows framed from ``mark`` up to ``end`` (None: all that is kept;
+        ``last``: and the stream's end), relative to the mark's offset."""
+        _, start, bom = mark
+        held = [(base, data) for base, data in chunks if base + len(data) > start
+                and (end is None or base < end)]
+        if not held:
+            return []
+        text = b"".join(data for _, data in held)
+        text = text[start - held[0][0]:None if end is None else end - held[0][0]]
+        framer = TextRowFramer(**self.options, on_error="skip")
+        if not bom:
+            framer._head = None  # a byte-order mark opens only the stream
+        rows = framer.feed(text)
+        if last:
+            rows += framer.finish()
+        starts, pos = [], 0
+        for row in rows:
+            pos = text.find(row, pos)
+            if pos < 0:  # not framed alike: say nothing rather than something wrong
+                break
+            starts.append(pos)
+            pos += len(row)
+        return starts
 
 
 def _one_byte(name: str, char: object) -> bytes:

@@ -32,6 +32,7 @@ workers, :mod:`streamio.sharing`):
 
 from __future__ import annotations
 
+import bisect
 import copy
 import itertools
 import time
@@ -136,6 +137,11 @@ class EpochRun:
         # Whether their records' CRCs may be left to that consumer (RecordSpans.crcs), which
         # checks each as it makes the record (RecordReader.record_lists(span_crcs=True)).
         self.span_crcs = False
+        # Readers that keep their last bytes, by source ordinal (the last two), where this run
+        # decodes rows in order with a decoder that names a bad row's byte offset (Csv).
+        self.row_readers: Optional[dict] = (
+            {} if getattr(decoder, "takes_row_offsets", False) and (batched or self.decode_items)
+            and not self.reordered else None)
 
     @classmethod
     def for_sources(cls, ds: Any, epoch: int, stats: EpochStats) -> "EpochRun":
@@ -248,6 +254,12 @@ class EpochRun:
             else:
                 reader = RecordReader(source, ds._format, **options)
             stats.reader_opened(reader.stats)
+            if self.row_readers is not None:
+                reader.keep_row_offsets()
+                self.row_readers.pop(ordinal, None)
+                self.row_readers[ordinal] = reader
+                if len(self.row_readers) > 2:
+                    del self.row_readers[next(iter(self.row_readers))]
             spans = self.spans and plan is None and not shares and not header_first
             try:
                 seen = 0  # records of this source so far
@@ -348,7 +360,7 @@ class EpochRun:
                 if split is None:
                     split = _rows_split(self.decoder)
                 if len(batches) > 1 and split:
-                    out = self.decode_together(batches)
+                    out = self.decode_together(batches, ids)
                     if out is not None:
                         yield out, None
                         continue
@@ -367,32 +379,44 @@ class EpochRun:
         finally:
             close_blocks(blocks)
 
-    def decode_together(self, batches: list) -> Optional[list]:
+    def decode_together(self, batches: list, ids: Optional[np.ndarray] = None
+                        ) -> Optional[list]:
         """Decode ``batches`` in one decoder call and slice the result back into batches; None
         if that cannot stand for decoding them one by one (an error, whose batch and record
-        the caller finds by doing so, or rows that did not come out one per record)."""
+        the caller finds by doing so, or rows that did not come out one per record). Rows the
+        decoder drops are placed by the errors that name them (stream order, one source)."""
+        first = self._in_order(ids)
+        if first is None and getattr(self.decoder, "on_error", None) == "warn":
+            return None  # its warnings would name batch positions, then each batch's records
         clock = time.perf_counter
         t0 = clock()
         try:
             records = list(itertools.chain.from_iterable(batches))
             try:
                 with counting_skips() as skipped:
-                    table = self.decoder.decode_batch(records)
+                    table = self.decoder.decode_batch(
+                        records, **({} if first is None else self._naming(first)))
             except FormatError:
                 return None
-            if skipped:
-                return None  # rows dropped: decoded again batch by batch, counted there
-            total = len(records)
+            dropped = _dropped_rows(skipped, None if first is None else first & INDEX_MASK,
+                                    len(records))
+            if dropped is None:
+                return None  # rows dropped, not all placed: decoded again batch by batch
+            total = len(records) - len(dropped)
             # numpy arrays, or torch tensors (an Image(device="cuda") column): sliced alike
             if not table or not all(getattr(v, "ndim", 0) and len(v) == total
                                     for v in table.values()):
                 return None  # e.g. a CSV block that held a repeated header row
             out = []
-            start = 0
+            start = row = 0
             for batch in batches:
-                stop = start + len(batch)
-                out.append({name: column[start:stop] for name, column in table.items()})
-                start = stop
+                size = len(batch)
+                stop, end = start + size, row + size
+                if dropped:  # the batch's own rows that came out
+                    end -= bisect.bisect_left(dropped, stop) - bisect.bisect_left(dropped, start)
+                out.append({name: column[row:end] for name, column in table.items()})
+                start, row = stop, end
+            self.stats.note_decoder_skips(skipped)
             return out
         finally:
             self.stats.decode_s += clock() - t0
@@ -407,17 +431,34 @@ class EpochRun:
             self.stats.note_decoder_skips(skipped)
             self.stats.decode_s += clock() - t0
 
+    def _in_order(self, ids: Optional[np.ndarray]) -> Optional[int]:
+        """The first record's origin where ``ids`` are a run of consecutive records of one
+        source in stream order (no round-robin stride), so that the decoder can name a bad
+        record itself; else None."""
+        if ids is None or not len(ids) or self.reordered:
+            return None
+        first, last = int(ids[0]), int(ids[-1])
+        if first >> INDEX_BITS == last >> INDEX_BITS and last - first == len(ids) - 1:
+            return first
+        return None
+
+    def _naming(self, first: int) -> dict:
+        """The decoder's keywords that name the records from origin ``first`` on: source,
+        first index and, where the source's reader keeps its last bytes, row offsets."""
+        ordinal = first >> INDEX_BITS
+        naming: dict[str, Any] = dict(source=self.names.get(ordinal),
+                                      first_index=first & INDEX_MASK)
+        reader = self.row_readers.get(ordinal) if self.row_readers else None
+        if reader is not None:
+            naming["row_offset"] = reader.row_offset
+        return naming
+
     def _decode(self, records: list, ids: Optional[np.ndarray]) -> Any:
         if ids is None or not len(ids):
             return self.decoder.decode_batch(records)
-        if not self.reordered:
-            # In stream order: a batch within one source, without a round-robin stride, is
-            # a run of consecutive records, and the decoder can name a bad one itself.
-            first, last = int(ids[0]), int(ids[-1])
-            if first >> INDEX_BITS == last >> INDEX_BITS and last - first == len(ids) - 1:
-                return self.decoder.decode_batch(records,
-                                                 source=self.names.get(first >> INDEX_BITS),
-                                                 first_index=first & INDEX_MASK)
+        first = self._in_order(ids)
+        if first is not None:
+            return self.decoder.decode_batch(records, **self._naming(first))
         source = self.names.get(self.ds._selection[0]) if len(self.ds._selection) == 1 else None
         try:
             return self.decoder.decode_batch(records, source=source, first_index=0)
@@ -454,6 +495,21 @@ def _rows_split(decoder: Any) -> Optional[bool]:
     if spec is None:
         return None
     return bool(spec) and all(f.kind != "sparse" and None not in f.shape for f in spec.values())
+
+
+def _dropped_rows(skipped: Any, first_index: Optional[int], count: int) -> Optional[list]:
+    """The block positions of the records a decoder dropped, sorted, from the errors that
+    named them (``decoders.skips.Skips.errors``); None unless every one is placed."""
+    if not skipped:
+        return []
+    errors = getattr(skipped, "errors", ())
+    if first_index is None or len(errors) != sum(skipped.values()):
+        return None
+    rows = sorted({-1 if e.record_index is None else e.record_index - first_index
+                   for e in errors})
+    if len(rows) != len(errors) or not (0 <= rows[0] and rows[-1] < count):
+        return None
+    return rows
 
 
 def _join_ids(parts: list) -> Optional[np.ndarray]:

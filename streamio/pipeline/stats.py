@@ -22,6 +22,8 @@ STATS_KEYS = (
     "skipped_bytes", "sources_opened", "source_wait_s", "decode_s", "wait_s", "consumer_s",
     "first_batch_s", "elapsed_s", "records_per_s", "finished", "decoder_skipped",
 )
+#: The skipped records an epoch's ``decoder_skips`` lists (the first ones).
+SKIPS_KEPT = 100
 _READER_FIELDS = ("bytes_read", "bytes_decoded", "records", "skipped_records", "skipped_bytes",
                   "source_wait_s")
 
@@ -36,7 +38,9 @@ class EpochStats:
       round-robin shard passes over); ``source_wait_s`` is time blocked reading the source;
     - ``decoder_skipped``: records a decoder dropped under its own ``on_error="skip"`` (an
       image that does not decode), also counted in ``skipped_records``; which fields failed is
-      in ``decoder_skipped_fields`` (``{field: records}``);
+      in ``decoder_skipped_fields`` (``{field: records}``), and ``decoder_skips`` lists the
+      first :data:`SKIPS_KEPT` of them that a decoder named (a CSV row: ``{"source", "offset",
+      "record_index", "field", "reason"}``, offset None where unknown; this process's own);
     - ``decode_s``: time in the decoder; ``wait_s``: time the consumer spent inside ``next()``
       waiting for the pipeline; ``consumer_s``: the rest of the epoch, when the consumer held
       the data (a training step). ``wait_s`` much larger than ``consumer_s`` means input-bound;
@@ -65,6 +69,7 @@ class EpochStats:
         self.wait_s = 0.0
         self.first_batch_s: Optional[float] = None
         self.decoder_skipped: collections.Counter = collections.Counter()
+        self.decoder_skips: list = []
 
     # -- written by the pipeline ----------------------------------------------------------------
     def reader_opened(self, reader_stats: Any) -> None:
@@ -87,6 +92,8 @@ class EpochStats:
         if skipped:
             with self._lock:
                 self.decoder_skipped.update(skipped)
+                for err in getattr(skipped, "errors", ())[:SKIPS_KEPT - len(self.decoder_skips)]:
+                    self.decoder_skips.append(_skip_entry(err))
 
     def first_item(self) -> None:
         if self.first_batch_s is None:
@@ -109,6 +116,7 @@ class EpochStats:
                 for field in _READER_FIELDS:
                     totals[field] += getattr(live, field, 0)
             fields = dict(self.decoder_skipped)
+            skips = list(self.decoder_skips)
         dropped = sum(fields.values())
         end = self._end if self._end is not None else self._clock()
         elapsed = max(0.0, end - self._start)
@@ -133,7 +141,15 @@ class EpochStats:
             "finished": self.finished,
             "decoder_skipped": dropped,
             "decoder_skipped_fields": fields,
+            "decoder_skips": skips,
         }
+
+
+def _skip_entry(err: Any) -> dict[str, Any]:
+    """A skipped record as ``decoder_skips`` lists it (from the error that named it)."""
+    return {"source": getattr(err, "source", None), "offset": getattr(err, "offset", None),
+            "record_index": getattr(err, "record_index", None),
+            "field": getattr(err, "field", None), "reason": getattr(err, "reason", str(err))}
 
 
 def empty_snapshot() -> dict[str, Any]:
@@ -141,7 +157,7 @@ def empty_snapshot() -> dict[str, Any]:
     snap: dict[str, Any] = dict.fromkeys(STATS_KEYS, 0)
     snap.update(epoch=None, first_batch_s=None, finished=False, source_wait_s=0.0, decode_s=0.0,
                 wait_s=0.0, consumer_s=0.0, elapsed_s=0.0, records_per_s=0.0,
-                decoder_skipped_fields={})
+                decoder_skipped_fields={}, decoder_skips=[])
     return snap
 
 
@@ -160,6 +176,7 @@ def merge_snapshots(snapshots: list) -> dict[str, Any]:
     if len(snapshots) == 1:
         out = dict(snapshots[0])
         out.setdefault("decoder_skipped_fields", {})  # not carried by the workers' table
+        out.setdefault("decoder_skips", [])
         return out
     out = empty_snapshot()
     for key in _SUMMED:
@@ -174,4 +191,6 @@ def merge_snapshots(snapshots: list) -> dict[str, Any]:
     for snap in snapshots:
         fields.update(snap.get("decoder_skipped_fields") or {})
     out["decoder_skipped_fields"] = dict(fields)
+    skips = [entry for snap in snapshots for entry in snap.get("decoder_skips") or ()]
+    out["decoder_skips"] = skips[:SKIPS_KEPT]
     return out
