@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import itertools
 import re
-import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..errors import DecodeError, StreamioWarning
+from ..errors import DecodeError
 from .example import _Where
-from .skips import note_skip
+from .skips import drop_record
 
 # A row of N one-byte columns costs the decoder about 115 bytes a column (the column plan:
 # names, indices; then a list entry and a value per field: 110 MB for 2**20), so the default
@@ -152,9 +151,7 @@ class RowFaults:
         if k in self.bad:
             return  # counted once, at its first fault
         self.bad[k] = err
-        if self.on_error == "warn":
-            warnings.warn(f"skipped a record: {err}", StreamioWarning, stacklevel=5)
-        note_skip(err.field or "row", err)
+        drop_record(err.field or "row", err, warn=self.on_error == "warn", stacklevel=5)
 
     def keep(self, nrows: int) -> Optional[np.ndarray]:
         """The mask of the rows that decoded, or None when all did."""

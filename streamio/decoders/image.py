@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import math
 import struct
-import warnings
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..errors import DecodeError, StreamioWarning, UsageError, UsageTypeError, require
+from ..errors import DecodeError, UsageError, UsageTypeError, require
 from . import _resample
-from .skips import note_skip
+from .skips import drop_record
 from .spec import FieldSpec
 
 __all__ = ["Image", "ImageRecord", "RandomResizedCrop", "encode_image_record"]
@@ -530,9 +529,7 @@ class Image:
                           record_index=record_index, field=field)
         if self.on_error == "raise":
             raise err from None
-        if self.on_error == "warn":
-            warnings.warn(f"skipped a record: {err}", StreamioWarning, stacklevel=4)
-        note_skip(field or "image")  # counted in stats() (decoder_skipped, by field)
+        drop_record(field or "image", err, warn=self.on_error == "warn", stacklevel=4)
 
     def decode_batch(self, records: Sequence[Any], *, source: Optional[str] = None,
                      first_index: int = 0) -> Dict[str, np.ndarray]:
@@ -624,9 +621,7 @@ class ImageRecord:
                                   record_index=first_index + i)
                 if self.image.on_error == "raise":
                     raise err from None
-                if self.image.on_error == "warn":
-                    warnings.warn(f"skipped a record: {err}", StreamioWarning, stacklevel=2)
-                note_skip("header")
+                drop_record("header", err, warn=self.image.on_error == "warn", stacklevel=2)
                 keep[i] = False
                 payload = None
             payloads.append(payload)

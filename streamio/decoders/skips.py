@@ -12,11 +12,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import warnings
 from typing import Iterator, Optional
 
-__all__ = ["Skips", "counting_skips", "note_skip"]
+from ..errors import StreamioWarning
+
+__all__ = ["Skips", "counting_skips", "drop_record", "note_skip", "replaying"]
 
 _SINK: contextvars.ContextVar = contextvars.ContextVar("streamio_decoder_skips", default=None)
+_REPLAY: contextvars.ContextVar = contextvars.ContextVar("streamio_skips_replay", default=False)
 
 
 class Skips(collections.Counter):
@@ -31,10 +35,33 @@ class Skips(collections.Counter):
 def note_skip(field: Optional[str], error: Optional[BaseException] = None) -> None:
     """A record was dropped because ``field`` did not decode (``error`` says where, if given)."""
     sink = _SINK.get()
-    if sink is not None:
+    if sink is not None and not _REPLAY.get():
         sink[field or "record"] += 1
         if error is not None:
             sink.errors.append(error)
+
+
+def drop_record(field: Optional[str], error: BaseException, *, warn: bool,
+                stacklevel: int = 2) -> None:
+    """A decoder drops a record under ``on_error="skip"`` or ``"warn"``: warn (``warn``) and
+    count it, once: a decode replayed over records already decoded (:func:`replaying`) does
+    neither again."""
+    if _REPLAY.get():
+        return
+    if warn:
+        warnings.warn(f"skipped a record: {error}", StreamioWarning, stacklevel=stacklevel + 1)
+    note_skip(field, error)
+
+
+@contextlib.contextmanager
+def replaying() -> Iterator[None]:
+    """Decodes in this block decode records again that an earlier call already decoded (and
+    whose drops it counted and warned about): they drop the same records silently."""
+    token = _REPLAY.set(True)
+    try:
+        yield
+    finally:
+        _REPLAY.reset(token)
 
 
 @contextlib.contextmanager

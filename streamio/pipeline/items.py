@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..decoders.skips import replaying
 from ..decoders.sparse import SparseBatch
 from ..errors import FormatError
 from .stages import close_blocks
@@ -47,18 +48,30 @@ def decode_items(run: Any, blocks: Iterator[tuple]) -> Iterator[tuple]:
             if items is None or len(items) != len(records):
                 # An error (found record by record, the items before it delivered) or rows
                 # dropped by the decoder (each record's own rows then, none for a dropped one).
-                items = []
-                for i, record in enumerate(records):
-                    try:
-                        items.extend(split_rows(run.decode(
-                            [record], None if ids is None else ids[i:i + 1])))
-                    except BaseException:
-                        if items:
-                            yield items, None
-                        raise
+                # The block's decode already counted and warned about the records it dropped:
+                # the replay drops them silently.
+                items, failure = _replay(run, records, ids)
+                if failure is not None:
+                    if items:
+                        yield items, None
+                    raise failure
             yield items, None
     finally:
         close_blocks(blocks)
+
+
+def _replay(run: Any, records: list, ids: Any) -> tuple:
+    """Each record decoded alone: (the items up to the first failure, that failure or None).
+    No ``yield`` under :func:`replaying` (a generator's context is its consumer's)."""
+    items: list = []
+    with replaying():
+        for i, record in enumerate(records):
+            try:
+                items.extend(split_rows(run.decode([record], None if ids is None
+                                                   else ids[i:i + 1])))
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the caller
+                return items, exc
+    return items, None
 
 
 def split_rows(table: dict) -> list:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import warnings
 import sys
 from pathlib import Path
 
@@ -127,3 +128,25 @@ def test_dataloader_workers_collate_items_into_batches(tmp_path):
     out = json.loads(proc.stdout)
     assert sorted(i for _, ids in out for i in ids) == list(range(140))
     assert all(shape[1:] == [4] and shape[0] == len(ids) <= 16 for shape, ids in out)
+
+
+@pytest.mark.parametrize("on_error", ["skip", "warn"])
+def test_a_dropped_row_is_counted_and_warned_about_once_without_batch(tmp_path, on_error):
+    # An unbatched Csv that drops a ragged row: the block's decode drops it, then the items
+    # are made record by record; that replay must not count or warn about the row again.
+    from streamio.decoders import Csv
+
+    rows = [f"{i},{i * 2}" for i in range(50)]
+    rows[17] = "17,34,99"  # one column too many
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(rows) + "\n")
+    ds = Dataset(str(path), "csv", decoder=Csv(dtype="float32", on_error=on_error))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        items = list(ds)
+    said = [w for w in caught if "skipped a record" in str(w.message)]
+    assert [int(item["features"][0]) for item in items] == [i for i in range(50) if i != 17]
+    assert len(said) == (1 if on_error == "warn" else 0), [str(w.message) for w in said]
+    stats = ds.stats()
+    assert stats["decoder_skipped"] == 1, stats
+    assert [s["record_index"] for s in stats["decoder_skips"]] == [17]
