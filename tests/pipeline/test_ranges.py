@@ -362,7 +362,7 @@ def test_only_sources_ranged_positions_a_source():
     # The other users read no source: the benchmark's FIFO writer feeds raw file bytes, and the
     # cache reads back the files it wrote itself (checked block by block).
     assert users == [os.path.join("streamio", "bench", "measure.py"),
-                     os.path.join("streamio", "pipeline", "cache.py"),
+                     os.path.join("streamio", "pipeline", "cache", "__init__.py"),
                      os.path.join("streamio", "sources", "ranged.py")]
 
 
