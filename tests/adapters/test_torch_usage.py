@@ -54,7 +54,8 @@ def test_batch_size_none_says_nothing(parts):
 def test_stats_of_epochs_read_by_workers_are_plain_numbers(parts):
     epochs, _ = run(parts, "none", 2)
     for epoch in epochs:
-        assert set(epoch["types"]) <= {"int", "float", "bool", "dict", "NoneType"}, epoch
+        assert set(epoch["types"]) <= {"int", "float", "bool", "dict", "list", "str",
+                                       "NoneType"}, epoch
         assert "np." not in epoch["repr"] and "numpy" not in epoch["repr"]
 
 

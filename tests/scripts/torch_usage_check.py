@@ -19,6 +19,18 @@ from support.examples import ID_X  # noqa: E402
 import streamio  # noqa: E402
 
 
+def value_types(values) -> set:
+    """The type names of the values, and of what the lists and dicts among them hold."""
+    names = set()
+    for v in values:
+        names.add(type(v).__name__)
+        if isinstance(v, (list, tuple)):
+            names |= value_types(v)
+        elif isinstance(v, dict):
+            names |= value_types(v.values())
+    return names
+
+
 def main() -> None:
     mode, workers = sys.argv[1], int(sys.argv[2])
     persistent = sys.argv[3] == "persistent"
@@ -35,7 +47,7 @@ def main() -> None:
         stats = ds.stats()
         epochs.append({"shapes": shapes, "sources_opened": stats["sources_opened"],
                        # stats() of an epoch read by workers: plain Python values
-                       "types": sorted({type(v).__name__ for v in stats.values()}),
+                       "types": sorted(value_types(stats.values())),
                        "repr": repr(stats)})
     json.dump(epochs, sys.stdout)
 
