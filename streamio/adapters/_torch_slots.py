@@ -10,7 +10,7 @@ until the main process says it has mapped it (a byte in the ring's header), so n
 depends on an earlier one having been read.
 
 In the main process the tensors are views of the mapped slot; when the last of them is released
-(``weakref.finalize`` on the slot's array, which their storage keeps alive) the main process
+(a weak reference to the slot's array, which their storage keeps alive) the main process
 clears the slot's byte in the header and the worker may reuse it. A worker that finds no free
 slot (the main process still holds all of them), a batch larger than a slot can be, or a batch
 outside a DataLoader worker goes the older way (:class:`._torch_transport._PipeBatch`): a
@@ -63,6 +63,8 @@ class _Ring:
         self.token = secrets.token_hex(8)
         self.pid = os.getpid()
         self._next = 0
+        # Batch layouts seen (see _plan): most batches of an epoch share one.
+        self.plans: dict = {}
 
     def claim(self) -> Optional[int]:
         """A free slot, now marked as filled; None if the main process holds every slot."""
@@ -128,23 +130,67 @@ class _SlotBatch(dict):
         return _SlotBatch(self)
 
     def __reduce__(self) -> Any:
-        found = _layout(self)
-        ring = _worker_ring(found[3]) if found is not None and found[3] else None
-        slot = None if ring is None else ring.claim()
+        plan = _plan(self)
+        ring = _ring
+        slot = None if plan is None else ring.claim()
         if slot is None:
             return _PipeBatch(self).__reduce__()
-        layout, rest, arrays, size = found
+        layout, size, columns, targets = plan
+        views = targets[slot]
+        if views is None:
+            views = targets[slot] = _slot_views(ring, slot, layout)
+        rest = None
+        try:
+            for view, name in zip(views, columns):
+                view[...] = self[name].numpy()
+        except (TypeError, RuntimeError):  # a tensor with no numpy view: see _layout
+            ring.array[slot] = 0
+            return _PipeBatch(self).__reduce__()
+        if len(self) > len(columns):
+            rest = {name: value for name, value in self.items() if name not in columns}
         start = _HEADER + slot * ring.slot_bytes
-        target = ring.array
-        for offset, array in arrays:
-            if array.nbytes:
-                at = start + offset
-                np.copyto(target[at:at + array.nbytes].view(array.dtype).reshape(array.shape),
-                          array)
-        mapped = bool(target[_MAPPED])
         return (_rebuild_from_slot,
-                (ring.token, ring.pid, None if mapped else ring.tensor, slot, start, size,
-                 layout, rest))
+                (ring.token, ring.pid, None if ring.array[_MAPPED] else ring.tensor, slot, start,
+                 size, layout, rest))
+
+
+#: Layouts a ring keeps (see _plan); past this many (shapes that keep changing) it forgets them.
+_PLANS = 32
+
+
+def _plan(batch: dict) -> Optional[tuple]:
+    """``(layout, size, column names, per-slot views)`` for ``batch`` in this worker's ring,
+    computed once per layout (names, dtypes and shapes of its dense tensors) and kept by the
+    ring; None when the batch goes the older way (no ring here, too large, no numpy view)."""
+    key = []
+    for name, value in batch.items():
+        if type(value) is torch.Tensor:
+            key.append((name, value.dtype, value.shape, value.layout))
+    key = tuple(key)
+    ring = _ring
+    if ring is not None and ring.pid == os.getpid():
+        plan = ring.plans.get(key)
+        if plan is not None:
+            return plan
+    found = _layout(batch)
+    if found is None or not found[3]:
+        return None
+    layout, _, _, size = found
+    ring = _worker_ring(size)
+    if ring is None:
+        return None
+    if len(ring.plans) >= _PLANS:
+        ring.plans.clear()
+    plan = ring.plans[key] = (tuple(layout), size, tuple(entry[0] for entry in layout),
+                              [None] * ring.slots)
+    return plan
+
+
+def _slot_views(ring: _Ring, slot: int, layout: tuple) -> list:
+    """Numpy arrays over ``slot`` of ``ring``, one per tensor of ``layout``."""
+    start = _HEADER + slot * ring.slot_bytes
+    return [ring.array[start + offset:start + offset + nbytes].view(dtype).reshape(shape)
+            for _, dtype, shape, offset, nbytes in layout]
 
 
 def for_transport(batch: Any) -> Any:
@@ -183,12 +229,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _release(ring: memoryview, slot: int) -> None:
-    ring[slot] = 0
+#: The slots whose tensors the main process holds: id of a weak reference to the slot's array ->
+#: (that reference, the ring, the slot). A weak reference nobody keeps calls nothing; this keeps
+#: them, and the callback (:func:`_released`) drops the entry as it frees the slot.
+_held: dict = {}
+#: numpy dtypes by the descriptors' dtype strings (parsing one costs more than the lookup).
+_dtypes: dict = {}
+
+
+def _released(ref: Any) -> None:
+    entry = _held.pop(id(ref), None)
+    if entry is not None:
+        entry[1][entry[2]] = 0
 
 
 def _rebuild_from_slot(token: str, pid: int, tensor: Any, slot: int, start: int, size: int,
-                       layout: list, rest: dict) -> dict:
+                       layout: tuple, rest: Optional[dict]) -> dict:
     """A plain dict of tensors over the slot (released when the last of them is), plus the
     values that were pickled as they are."""
     found = _mapped.get(token)
@@ -200,10 +256,19 @@ def _rebuild_from_slot(token: str, pid: int, tensor: Any, slot: int, start: int,
         raise StreamioError(f"a batch from DataLoader worker pid {pid} names a shared-memory ring"
                             " this process never mapped (was it unpickled outside the"
                             " DataLoader that started the worker?)")
+    # The columns are arrays whose base is ``owner`` (np.ndarray over it as a buffer), and each
+    # tensor keeps its array: ``owner`` dies with the last of them, and its weak reference frees
+    # the slot. (A plain weak reference: weakref.finalize costs several times more per batch.)
     owner = np.frombuffer(ring, dtype=np.uint8, count=size, offset=start)
-    weakref.finalize(owner, _release, ring, slot)
+    ref = weakref.ref(owner, _released)
+    _held[id(ref)] = (ref, ring, slot)
     out = {}
-    for name, dtype, shape, offset, nbytes in layout:
-        out[name] = torch.from_numpy(owner[offset:offset + nbytes].view(dtype).reshape(shape))
-    out.update(rest)
+    dtypes = _dtypes
+    for name, dtype, shape, offset, _ in layout:
+        np_dtype = dtypes.get(dtype)
+        if np_dtype is None:
+            np_dtype = dtypes[dtype] = np.dtype(dtype)
+        out[name] = torch.from_numpy(np.ndarray(shape, np_dtype, owner, offset))
+    if rest:
+        out.update(rest)
     return out

@@ -14,7 +14,10 @@ measures, each in a fresh process, alternating, for several rounds:
 
 Each timed figure is the *second* epoch (the first starts the workers and warms the caches); a
 FIFO's writer process feeds the file once per epoch. Ratios are medians of per-round ratios
-against ``numpy`` of the same round; the machine's load average is printed with the results.
+against ``numpy`` of the same round; the machine's load average is printed with the results,
+and so is the CPU time per batch of the main process (all its threads) and of the workers
+together (from ``/proc``): on a shared machine it says where the time goes when the rates
+cannot (a loaded machine gives a process of several more of its cores).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -63,7 +67,7 @@ def _dataset(job: dict, bs: int):
     return streamio.Dataset(sources, "tfrecord", decoder=example_decoder()).batch(bs)
 
 
-def _floor_rate(workers: int, batches: int) -> float:
+def _floor_loader(workers: int, batches: int):
     import torch
 
     class Tiny(torch.utils.data.IterableDataset):
@@ -72,43 +76,69 @@ def _floor_rate(workers: int, batches: int) -> float:
             share = batches // (info.num_workers if info else 1)
             return iter([1] * share)
 
-    loader = torch.utils.data.DataLoader(Tiny(), batch_size=None, num_workers=workers,
-                                         persistent_workers=workers > 0)
-    for _ in loader:
-        pass
-    t0 = time.perf_counter()
-    n = sum(1 for _ in loader)
-    return n / (time.perf_counter() - t0)
+    return torch.utils.data.DataLoader(Tiny(), batch_size=None, num_workers=workers,
+                                       persistent_workers=workers > 0)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children so far (0 where there is no ``/proc``)."""
+    me, total = str(os.getpid()), 0.0
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _one(job: dict) -> dict:
-    """One measurement, in this (fresh) process: records/s of the second epoch."""
+    """One measurement, in this (fresh) process: records/s of the second epoch, and the CPU
+    microseconds per batch it took here and in the workers."""
     mode, bs = job["mode"], job["batch_size"]
+    expected = job["records"]
     if mode.startswith("floor-w"):
-        return {"rate": _floor_rate(int(mode[7:]), job["records"] // bs) * bs}
-    ds = _dataset(job, bs)
-    if mode == "numpy":
+        workers = int(mode[7:])
+        floor = _floor_loader(workers, job["records"] // bs)
+        expected = job["records"] // bs // workers * workers * bs
+
+        def epoch() -> int:
+            return bs * sum(1 for _ in floor)
+    elif mode == "numpy":
+        ds = _dataset(job, bs)
+
         def epoch() -> int:
             return sum(len(b["label"]) for b in ds)
     else:
         import torch
 
         workers = int(mode[1:])
+        ds = _dataset(job, bs)
+        options = job.get("loader_options", {}) if workers else {}
         loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=workers,
-                                             persistent_workers=workers > 0)
+                                             persistent_workers=workers > 0, **options)
 
         def epoch() -> int:
             return sum(int(b["label"].shape[0]) for b in loader)
     first = epoch()
-    t0 = time.perf_counter()
+    cpu0, workers0, t0 = time.process_time(), _children_cpu(), time.perf_counter()
     n = epoch()
     seconds = time.perf_counter() - t0
-    if n != first or n != job["records"]:
-        raise RuntimeError(f"{mode}: {first} then {n} records, expected {job['records']}")
-    return {"rate": n / seconds}
+    cpu, workers = time.process_time() - cpu0, _children_cpu() - workers0
+    if n != first or n != expected:
+        raise RuntimeError(f"{mode}: {first} then {n} records, expected {expected}")
+    batches = -(-n // bs)
+    return {"rate": n / seconds, "main_cpu_us": 1e6 * cpu / batches,
+            "workers_cpu_us": 1e6 * workers / batches}
 
 
-def _run_fresh(job: dict, fifo_src: str, tmpdir: str, timeout: float) -> float:
+def _run_fresh(job: dict, fifo_src: str, tmpdir: str, timeout: float) -> dict:
     writer = None
     if job["source"] == "fifo":
         prefix = os.path.join(tmpdir, f"fifo-{time.monotonic_ns()}")
@@ -121,7 +151,7 @@ def _run_fresh(job: dict, fifo_src: str, tmpdir: str, timeout: float) -> float:
                               json.dumps(job)], capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0:
             raise RuntimeError(f"{job['mode']} {job['source']}: {out.stderr[-2000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])["rate"]
+        return json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         if writer is not None:
             try:
@@ -155,9 +185,12 @@ def _load() -> str:
 
 
 def measure(records: int, rounds: int, sizes: list, workers: list, sources: list, *,
-            floor: bool = True, timeout: float = 300.0, log=None) -> tuple:
-    """``({"source/bsN/mode": [records/s per round]}, modes)``: every mode, source and batch
-    size once per round, each in a fresh process (see the module docstring)."""
+            floor: bool = True, timeout: float = 300.0, log=None,
+            loader_options: Optional[dict] = None) -> tuple:
+    """``({"source/bsN/mode": [{"rate": records/s, "main_cpu_us": .., "workers_cpu_us": ..}
+    per round]}, modes)``: every mode, source and batch size once per round, each in a fresh
+    process (see the module docstring). ``loader_options``: more DataLoader arguments for the
+    ``wN`` modes (``{"in_order": False}``...)."""
     modes = ["numpy", "w0"] + [f"w{w}" for w in workers]
     if floor:
         modes += [f"floor-w{w}" for w in workers]
@@ -171,12 +204,14 @@ def measure(records: int, rounds: int, sizes: list, workers: list, sources: list
                         if mode.startswith("floor") and source != sources[0]:
                             continue  # no input: once per batch size is enough
                         job = {"mode": mode, "batch_size": bs, "records": records,
-                               "source": source, "paths": parts}
-                        rate = _run_fresh(job, whole, tmp, timeout)
+                               "source": source, "paths": parts,
+                               "loader_options": loader_options or {}}
+                        got = _run_fresh(job, whole, tmp, timeout)
                         key = f"{source}/bs{bs}/{mode}"
-                        results.setdefault(key, []).append(rate)
-                        print(f"  round {rnd} {key}: {rate / 1e6:.3f}M rec/s (load {_load()})",
-                              file=log or sys.stderr, flush=True)
+                        results.setdefault(key, []).append(got)
+                        print(f"  round {rnd} {key}: {got['rate'] / 1e6:.3f}M rec/s, CPU us per"
+                              f" batch {got['main_cpu_us']:.0f} here, {got['workers_cpu_us']:.0f}"
+                              f" workers (load {_load()})", file=log or sys.stderr, flush=True)
     return results, modes
 
 
@@ -194,6 +229,9 @@ def main(argv=None) -> int:
     parser.add_argument("--no-floor", action="store_true", help="skip the floor measurement")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds one measurement may take")
+    parser.add_argument("--loader-options", default="{}",
+                        help='more DataLoader arguments for the worker cases, as JSON'
+                             ' (e.g. \'{"in_order": false, "prefetch_factor": 4}\')')
     parser.add_argument("--json", dest="json_path", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if args.one:
@@ -205,7 +243,8 @@ def main(argv=None) -> int:
     print(f"{args.records} Examples (float32[32] + int64), second epoch, {args.rounds} rounds;"
           f" load average before: {_load()}", flush=True)
     results, modes = measure(args.records, args.rounds, sizes, workers, sources,
-                             floor=not args.no_floor, timeout=args.timeout)
+                             floor=not args.no_floor, timeout=args.timeout,
+                             loader_options=json.loads(args.loader_options))
     report = _report(results, sources, sizes, modes)
     report["load_after"] = _load()
     print(f"load average after: {report['load_after']}")
@@ -217,7 +256,9 @@ def main(argv=None) -> int:
 
 def _report(results: dict, sources: list, sizes: list, modes: list) -> dict:
     rows = []
-    print(f"{'case':32} {'median rec/s':>13} {'x numpy (median of rounds)':>27}")
+    med = statistics.median
+    print(f"{'case':32} {'median rec/s':>13} {'x numpy (median of rounds)':>27}"
+          f" {'CPU us/batch: here':>19} {'workers':>8}")
     for source in sources:
         for bs in sizes:
             base = results[f"{source}/bs{bs}/numpy"] if f"{source}/bs{bs}/numpy" in results \
@@ -226,11 +267,14 @@ def _report(results: dict, sources: list, sizes: list, modes: list) -> dict:
                 key = f"{source}/bs{bs}/{mode}"
                 if key not in results:
                     continue
-                rates = results[key]
-                ratio = statistics.median(r / b for r, b in zip(rates, base))
-                rows.append({"case": key, "median": statistics.median(rates), "ratio": ratio,
-                             "rates": rates})
-                print(f"{key:32} {statistics.median(rates) / 1e6:11.3f}M {ratio:27.2f}")
+                rates = [got["rate"] for got in results[key]]
+                ratio = med(r / b["rate"] for r, b in zip(rates, base))
+                main_cpu = med(got["main_cpu_us"] for got in results[key])
+                workers_cpu = med(got["workers_cpu_us"] for got in results[key])
+                rows.append({"case": key, "median": med(rates), "ratio": ratio, "rates": rates,
+                             "main_cpu_us": main_cpu, "workers_cpu_us": workers_cpu})
+                print(f"{key:32} {med(rates) / 1e6:11.3f}M {ratio:27.2f} {main_cpu:19.0f}"
+                      f" {workers_cpu:8.0f}")
     return {"rows": rows}
 
 

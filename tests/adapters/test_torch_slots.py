@@ -80,3 +80,79 @@ def test_outside_a_worker_a_batch_pickles_without_a_ring():
     out = pickle.loads(bytes(ForkingPickler.dumps(slots._SlotBatch(batch))))
     assert type(out) is dict and torch.equal(out["x"], batch["x"])
     assert slots._ring is None
+
+
+# -- one worker's ring and the main process's side, in this process ----------------------------------
+@pytest.fixture
+def in_worker(monkeypatch):
+    """This process as a DataLoader worker that is also its own main process: a batch's
+    descriptor is rebuilt here, over the same ring."""
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    monkeypatch.setattr(slots, "_ring", None)
+    monkeypatch.setattr(slots, "_mapped", {})
+
+
+def _cross(batch):
+    """``(how it was rebuilt, the batch the main process gets)``."""
+    fn, args = slots._SlotBatch(batch).__reduce__()
+    return fn, fn(*args)
+
+
+def _equal(got, batch):
+    assert type(got) is dict and list(got) == list(batch)
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+            assert torch.equal(got[name], value.detach()), name
+        else:
+            assert got[name] == value, name
+
+
+def test_batches_whose_shapes_and_dtypes_change_each_arrive_as_they_were(in_worker):
+    """A worker keeps each batch layout it has seen: the last, shorter batch of a share, a
+    column whose dtype or width changes, and the first layout again all arrive exactly."""
+    def batch(rows, width, dtype):
+        return {"x": torch.arange(rows * width, dtype=dtype).reshape(rows, width),
+                "y": torch.arange(rows, dtype=torch.int64) * 3, "names": [b"r"] * rows}
+    held = []
+    for rows, width, dtype in [(8, 4, torch.float32), (8, 4, torch.float32), (5, 4, torch.float32),
+                               (8, 6, torch.float32), (8, 4, torch.int16), (8, 4, torch.float32),
+                               (0, 4, torch.float32)]:
+        sent = batch(rows, width, dtype)
+        fn, got = _cross(sent)
+        assert (fn is slots._rebuild_from_slot) == (rows > 0)  # no bytes: nothing to slot
+        _equal(got, sent)
+        held.append((sent, got))
+    for sent, got in held:  # nothing overwrote a slot still held
+        _equal(got, sent)
+
+
+def test_a_slot_is_reused_only_after_the_last_tensor_over_it_is_released(in_worker):
+    sent = {"x": torch.ones(4, 3), "y": torch.zeros(4, dtype=torch.int64)}
+    _, got = _cross(sent)
+    ring = slots._ring
+    assert list(ring.array[:ring.slots]).count(1) == 1
+    x = got["x"]
+    del got
+    assert list(ring.array[:ring.slots]).count(1) == 1  # x still views the slot
+    x.add_(1)
+    del x
+    assert list(ring.array[:ring.slots]).count(1) == 0
+    for _ in range(3 * ring.slots):  # released each time: the ring never runs out
+        fn, got = _cross(sent)
+        assert fn is slots._rebuild_from_slot
+        _equal(got, sent)
+        del got
+
+
+def test_a_tensor_with_no_numpy_view_goes_the_older_way_and_holds_no_slot(in_worker):
+    """A layout already seen, now with a tensor that requires grad (a collate_fn's doing): the
+    batch goes through the pipe and the slot it had taken is free again."""
+    sent = {"x": torch.ones(4, 3)}
+    _, got = _cross(sent)
+    del got
+    ring = slots._ring
+    fn, got = _cross({"x": torch.ones(4, 3, requires_grad=True)})
+    assert fn is not slots._rebuild_from_slot
+    assert torch.equal(got["x"].detach(), torch.ones(4, 3))
+    assert list(ring.array[:ring.slots]).count(1) == 0
