@@ -1,50 +1,28 @@
 """Ray Data adapter: streamio as a ``ray.data`` source (:func:`read`, :class:`Datasource`) and
-sink (:func:`write`, :class:`Datasink`).
+sink (:func:`write`, :class:`Datasink`). Guide: docs/ray.md.
 
-Reading
--------
-:meth:`Datasource.get_read_tasks` asks :func:`streamio.pipeline.splits.plan_parts` for
-``parallelism`` parts of the Dataset: whole files per task when there are enough, byte ranges of
-the big files otherwise (index files beside them honoured), a compressed file or a single stream
-whole. Each read task iterates its part as an ordinary :class:`~streamio.Dataset`
-(``part.batch(n)``) and turns the decoded numpy batches into Arrow tables with whole-column
-operations, never per-record Python (each batch one chunk of its block, over its own memory):
+Reading: :meth:`Datasource.get_read_tasks` asks :func:`streamio.pipeline.splits.plan_parts` for
+``parallelism`` parts (whole files when there are enough, byte ranges of big files otherwise,
+index files honoured; a compressed file or a single stream whole). Each task iterates its part
+as an ordinary Dataset and turns the numpy batches into Arrow with whole-column operations,
+never per-record Python: numeric columns over the same memory, fixed shapes as Ray tensor
+columns, ``VarLen`` as list columns beside ``name_len``, a ``SparseBatch`` as ``name`` and
+``name_indices`` list columns, bytes/str as binary/string, no decoder as one binary ``record``.
+Blocks grow to ``target_max_block_size`` (:func:`read` sets :data:`READ_BLOCK_BYTES`, so that
+consuming overlaps reading) or ``rows_per_block``.
 
-- a numeric column of one value per record: an Arrow array over the same memory;
-- fixed-shape numeric features (``FixedLen((32,), ...)``): a tensor column (Ray's
-  ``ArrowTensorType``), so ``iter_torch_batches`` gives ``(B, 32)`` tensors;
-- variable-length features (``VarLen``, a padded ``(B, longest)`` array and its ``name_len``):
-  an Arrow list column of the values, next to ``name_len``;
-- a :class:`~streamio.SparseBatch` (sparse RecordIO-protobuf): list columns ``name`` (values)
-  and ``name_indices`` (column indices);
-- bytes and strings: binary / string columns; without a decoder, one binary column ``record``.
-
-Blocks grow to the Dataset's ``context.target_max_block_size`` (:func:`read` lowers it to
-:data:`READ_BLOCK_BYTES` on the Dataset it returns, so that consuming overlaps reading) or
-``rows_per_block``: decoded batches are gathered and joined once per block. Errors are
-streamio's (``FormatError`` with source, offset and record; ``SourceError``), raised inside the
-task; Ray re-raises them in the driver as an exception that is also an instance of the streamio
-class.
-
-Single streams (a FIFO, a :class:`~streamio.PipeChannel`, ``"-"``, a pipe file object) are read
-by one task each, and the Datasource says ``supports_distributed_reads = False``, so Ray runs
-its read tasks on the driver's node (later stages run anywhere). stdin and pipe file objects
-are opened by the task as ``/proc/<driver pid>/fd/<n>`` (the same pipe, Linux); other file
-objects cannot leave the process and raise :class:`~streamio.errors.UsageError`. Each execution
-of the Ray Dataset reads the stream again (a FIFO needs a new writer; a PipeChannel reads its
-first FIFO, ``<prefix>_0``, each time).
-
-Writing
--------
-:class:`Datasink` writes each write task's rows to shards ``<path_prefix>-<task>-<n>.tfrecord``
-(``.rec`` for RecordIO, ``.gz``/``.zst`` when compressed), each written under a temporary name
-made by ``mkstemp`` in the destination directory and renamed into place, with an index file
-beside it when ``index=True`` (written by :func:`streamio.tools.index.write_index`). A write task
-writes on its own node's filesystem: on several machines a local ``path_prefix`` must be shared.
-A URL prefix (``s3://bucket/out/part``, any scheme of :data:`URL_WRITERS`) is written through
-smart_open, the library the ``s3://`` sources read with: each shard (and its index) is made in
-the task's temporary directory, then uploaded; an object store shows the object only once its
-upload completes, so a reader never sees half a shard.
+Contract:
+- Every record of the Dataset once per execution of the Ray Dataset; errors are streamio's,
+  raised in the task and re-raised in the driver as an instance of the same streamio class.
+- Single streams (a FIFO, a ``PipeChannel``, ``"-"``, a pipe file object) are one task each on
+  the driver's node (``supports_distributed_reads = False``); stdin and pipe file objects are
+  opened there as ``/proc/<driver pid>/fd/<n>``; other file objects raise ``UsageError``. Each
+  execution reads the stream again (a FIFO needs a new writer).
+- Writing: each write task's rows go to ``<path_prefix>-<task>-<n>.tfrecord`` (``.rec``,
+  ``.gz``/``.zst``), made under a ``mkstemp`` name in the destination and renamed into place
+  (an index beside it with ``index=True``); a local prefix must be shared between nodes. A URL
+  prefix (:data:`URL_WRITERS`) is written through smart_open: made in the task's temporary
+  directory, then uploaded, so a reader never sees half a shard.
 """
 
 from __future__ import annotations
