@@ -221,12 +221,15 @@ def section_torch_workers(dry: bool) -> None:
     counts = [2] if dry else TORCH_WORKERS
     results, modes = measure(records, 1, [256], counts, ["files"], floor=False, timeout=60,
                              log=sys.stdout)
-    base = statistics.median(results["files/bs256/numpy"])
+    base = statistics.median(r["rate"] for r in results["files/bs256/numpy"])
     for mode in modes[1:]:
-        rate = statistics.median(results[f"files/bs256/{mode}"])
+        runs = results[f"files/bs256/{mode}"]
+        rate = statistics.median(r["rate"] for r in runs)
+        cpu = statistics.median(r.get("main_cpu_us") or 0.0 for r in runs), \
+            statistics.median(r.get("workers_cpu_us") or 0.0 for r in runs)
         row(f"to_torch(), DataLoader(num_workers={mode[1:]}), {records:,} Examples, batch 256,"
             " part files", f"{rate:,.0f} rec/s = {rate / base:.2f}x numpy in one process"
-            f" ({base:,.0f}/s)", "workers add throughput" if mode != "w0" else ">= 0.9x",
+            f" ({base:,.0f}/s); CPU us a batch: main {cpu[0]:.0f}, child processes {cpu[1]:.0f}", "workers add throughput" if mode != "w0" else ">= 0.9x",
             verdict(rate >= 0.9 * base) if mode == "w0" else "")
 
 
