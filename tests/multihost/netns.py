@@ -68,6 +68,19 @@ def sh(command: str, timeout: float = 30) -> str:
     return out.stdout
 
 
+def _keep_checkout_visible(setup: str) -> str:
+    """``setup`` mounts a new ``/tmp`` (and ``~/.cache``): a checkout below either (a CI that
+    clones into /tmp) would vanish from the host. A process started in the checkout first
+    keeps a link to it through its cwd; the checkout is bound back at its own path from there."""
+    root = str(ROOT)
+    if not any(root == top or root.startswith(top + "/") for top in ("/tmp", f"{HOME}/.cache")):
+        return setup
+    q = shlex.quote(root)
+    return (f"(cd {q} && exec sleep 100000) & keep=$! && while [ \"$(readlink /proc/$keep/cwd)\""
+            f" != {q} ]; do sleep 0.01; done && {setup} mkdir -p {q} && mount --bind"
+            f" /proc/$keep/cwd {q} && kill $keep && ")
+
+
 class Host:
     """One host: a holder process in its own namespaces; ``run``/``popen`` enter them."""
 
@@ -83,6 +96,7 @@ class Host:
                 # cd first: the new /tmp hides the path; the kernel follows the cwd link.
                 setup = (f"cd {shlex.quote(shared)} && {setup} mkdir /tmp/shared && mount -c"
                          " --bind /proc/self/cwd /tmp/shared && cd / && ")
+            setup = _keep_checkout_visible(setup)
         setup += f"hostname {name} && ip link set lo up && "
         self._holder = subprocess.Popen(
             ["unshare", "--net", "--mount", "--uts", "sh", "-c",
