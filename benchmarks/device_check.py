@@ -229,7 +229,8 @@ def section_torch_workers(dry: bool) -> None:
             statistics.median(r.get("workers_cpu_us") or 0.0 for r in runs)
         row(f"to_torch(), DataLoader(num_workers={mode[1:]}), {records:,} Examples, batch 256,"
             " part files", f"{rate:,.0f} rec/s = {rate / base:.2f}x numpy in one process"
-            f" ({base:,.0f}/s); CPU us a batch: main {cpu[0]:.0f}, child processes {cpu[1]:.0f}", "workers add throughput" if mode != "w0" else ">= 0.9x",
+            f" ({base:,.0f}/s); CPU us a batch: main {cpu[0]:.0f}, child processes {cpu[1]:.0f}",
+            "workers add throughput" if mode != "w0" else ">= 0.9x",
             verdict(rate >= 0.9 * base) if mode == "w0" else "")
 
 
