@@ -77,7 +77,7 @@ def _keep_checkout_visible(setup: str) -> str:
         return setup
     q = shlex.quote(root)
     return (f"(cd {q} && exec sleep 100000) & keep=$! && while [ \"$(readlink /proc/$keep/cwd)\""
-            f" != {q} ]; do sleep 0.01; done && {setup} mkdir -p {q} && mount --bind"
+            f" != {q} ]; do sleep 0.01; done && {setup} mkdir -p {q} && mount -c --bind"
             f" /proc/$keep/cwd {q} && kill $keep && ")
 
 
