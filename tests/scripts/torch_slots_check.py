@@ -24,6 +24,7 @@ from streamio.decoders import Example, FixedLen
 from streamio.pipeline import Dataset
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 from support.examples import write_id_parts  # noqa: E402
+from torch_transport_check import same_rows  # noqa: E402  (this folder: the script's own)
 
 DECODER = Example({"id": FixedLen([], "int64"), "x": FixedLen([4], "float32")})
 SIZES = [600, 500, 400]  # in batches of 4: 375 batches, many more than a ring's slots
@@ -50,21 +51,6 @@ def mixed(batch):
 def rows(batch):
     return {int(rid): {k: (v[i] if isinstance(v, list) else v[i].clone())
                        for k, v in batch.items()} for i, rid in enumerate(batch["id"].tolist())}
-
-
-def same(got, expected):
-    if set(got) != set(expected):
-        return False
-    for rid, row in expected.items():
-        for name, value in row.items():
-            mine = got[rid][name]
-            if isinstance(value, bytes):
-                if mine != value:
-                    return False
-            elif not (mine.dtype == value.dtype and mine.shape == value.shape
-                      and torch.equal(mine, value)):
-                return False
-    return True
 
 
 def mappings():
@@ -114,7 +100,7 @@ def main(workdir):
                             persistent_workers=True)
         for case, hold in (("released", False), ("held", True), ("released_again", False)):
             got, rebuilt = epoch(loader, hold)
-            report[case] = {"ids": sorted(got), "same_rows": same(got, expected),
+            report[case] = {"ids": sorted(got), "same_rows": same_rows(got, expected),
                             "rebuilt_over_slots": rebuilt, "rings": len(slots._mapped)}
     report["mappings"] = mappings()
     print(json.dumps(report))
