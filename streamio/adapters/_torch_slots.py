@@ -243,6 +243,11 @@ def _released(ref: Any) -> None:
         entry[1][entry[2]] = 0
 
 
+def _bad_descriptor(pid: int, what: str) -> StreamioError:
+    return StreamioError(f"a batch descriptor from DataLoader worker pid {pid} does not fit its"
+                         f" shared-memory ring ({what})")
+
+
 def _rebuild_from_slot(token: str, pid: int, tensor: Any, slot: int, start: int, size: int,
                        layout: tuple, rest: Optional[dict]) -> dict:
     """A plain dict of tensors over the slot (released when the last of them is), plus the
@@ -259,16 +264,21 @@ def _rebuild_from_slot(token: str, pid: int, tensor: Any, slot: int, start: int,
     # The columns are arrays whose base is ``owner`` (np.ndarray over it as a buffer), and each
     # tensor keeps its array: ``owner`` dies with the last of them, and its weak reference frees
     # the slot. (A plain weak reference: weakref.finalize costs several times more per batch.)
-    owner = np.frombuffer(ring, dtype=np.uint8, count=size, offset=start)
-    ref = weakref.ref(owner, _released)
-    _held[id(ref)] = (ref, ring, slot)
+    if not (0 <= slot < _MAPPED and start >= _HEADER and size >= 0):
+        raise _bad_descriptor(pid, f"slot {slot} at byte {start}")
     out = {}
     dtypes = _dtypes
-    for name, dtype, shape, offset, _ in layout:
-        np_dtype = dtypes.get(dtype)
-        if np_dtype is None:
-            np_dtype = dtypes[dtype] = np.dtype(dtype)
-        out[name] = torch.from_numpy(np.ndarray(shape, np_dtype, owner, offset))
+    try:
+        owner = np.frombuffer(ring, dtype=np.uint8, count=size, offset=start)
+        for name, dtype, shape, offset, _ in layout:
+            np_dtype = dtypes.get(dtype)
+            if np_dtype is None:
+                np_dtype = dtypes[dtype] = np.dtype(dtype)
+            out[name] = torch.from_numpy(np.ndarray(shape, np_dtype, owner, offset))
+    except (ValueError, TypeError) as exc:  # numpy checks every column against the slot
+        raise _bad_descriptor(pid, str(exc)) from None
+    ref = weakref.ref(owner, _released)
+    _held[id(ref)] = (ref, ring, slot)
     if rest:
         out.update(rest)
     return out

@@ -10,6 +10,7 @@ have imported TensorFlow, and forking workers from it can deadlock.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -71,6 +72,26 @@ def test_a_descriptor_for_a_ring_never_mapped_is_a_streamio_error():
                          ("0123456789abcdef", 1, None, 0, 4096, 8, layout, {})))
     with pytest.raises(StreamioError, match="never mapped"):
         pickle.loads(data)[0](*pickle.loads(data)[1])
+
+
+def test_a_descriptor_that_does_not_fit_its_ring_is_a_streamio_error():
+    """Offsets, sizes and shapes come from the worker: one that reaches outside its slot (a
+    bug, or bytes forged into the pipe) is a clear error, never memory beside the slot."""
+    ring = torch.zeros(slots._HEADER + 64, dtype=torch.uint8)
+    token = "fit-check-" + os.urandom(4).hex()
+    slots._map_ring(token, os.getpid(), ring)
+    good = slots._rebuild_from_slot(token, os.getpid(), None, 0, slots._HEADER, 64,
+                                    [("x", "<f4", (4,), 16, 16)], {})
+    assert good["x"].shape == (4,)
+    del good
+    for slot, start, size, layout in [
+            (0, slots._HEADER, 64, [("x", "<f4", (4,), 56, 16)]),   # past the slot's end
+            (0, slots._HEADER, 64, [("x", "<f4", (32,), 0, 128)]),  # a shape larger than it
+            (0, slots._HEADER + 32, 64, [("x", "<f4", (2,), 0, 8)]),  # a slot past the ring
+            (0, 16, 64, [("x", "<f4", (2,), 0, 8)]),                 # inside the header
+            (-1, slots._HEADER, 64, [("x", "<f4", (2,), 0, 8)])]:    # no such slot
+        with pytest.raises(StreamioError, match="does not fit"):
+            slots._rebuild_from_slot(token, os.getpid(), None, slot, start, size, layout, {})
 
 
 def test_outside_a_worker_a_batch_pickles_without_a_ring():
