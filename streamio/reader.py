@@ -22,13 +22,11 @@ from typing import Any, Iterable, Iterator, Optional
 from .codecs import (check_compression, describe_head, infer_compression, make_codec,
                      make_compressor)
 from .errors import DecodeError, FormatError, SourceError, UsageError, UsageTypeError
-from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, encode_recordio, encode_tfrecord,
-                      make_framer)
-from .formats import RecordSpans
+from .formats import (DEFAULT_MAX_RECORD_SIZE, FORMATS, RecordSpans, check_common,
+                      encode_recordio, encode_tfrecord, make_framer)
 from .formats.index_file import without_index_files
 from .formats.recordio import MULTIPART_CHOICES
 from .formats.text import ROW_OFFSET_BYTES
-from .formats import check_common
 from . import _read_buffers as read_buffers
 from ._util import ItemChain, exhaust_iterator
 from .sources import (ByteSource, PipeChannel, check_source, check_timeouts_apply, open_source,
