@@ -15,7 +15,9 @@ def test_the_torch_workers_benchmark_runs_and_reports_every_case(tmp_path, capsy
     from streamio.bench import main
 
     out = tmp_path / "r.json"
-    assert main(["--workloads", "torch-workers", "--records", "3000", "--rounds", "1",
+    # Workers' CPU comes from /proc in clock ticks (10 ms): enough records that two workers
+    # spend several (3,000 records read 0 ticks on a quiet machine).
+    assert main(["--workloads", "torch-workers", "--records", "40000", "--rounds", "1",
                  "--batch-sizes", "256", "--json", str(out)]) == 0
     rows = {row["case"]: row for row in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"files/bs256/numpy", "files/bs256/w0", "files/bs256/w2",
